@@ -1,0 +1,36 @@
+"""Output helpers: every command prints data either for humans (rich) or as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output on stdout (nothing else is printed there in --json mode)."""
+    print(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title, show_header=True, header_style="bold")
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*[str(x) for x in row])
+    console.print(table)
+
+
+def print_kv(title: str, items: list[tuple[str, Any]]) -> None:
+    """A two-column key/value block."""
+    table = Table(title=title, show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in items:
+        table.add_row(key, str(value))
+    console.print(table)

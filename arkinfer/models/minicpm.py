@@ -1,0 +1,97 @@
+"""MiniCPM4 / MiniCPM4.1 reference model (`model_type: "minicpm"`).
+
+MiniCPM4 = Llama + three scales + LongRoPE + InfLLM v2 sparse attention (specs/minicpm4.md §2):
+
+    h = embed(ids) * scale_emb
+    h = h + scale_depth / sqrt(L) * attn(rmsnorm(h));  h = h + scale_depth / sqrt(L) * mlp(rmsnorm(h))
+    logits = lm_head(rmsnorm(h) / (hidden_size / dim_model_base))
+
+With `sparse_config` in config.json every layer is an InfLLM v2 layer: a forward call whose total
+length (cache + new tokens) is below `dense_len` runs dense attention — that is the InfLLM v2
+semantics, not a fallback — and a longer one runs the sparse path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from arkinfer.errors import NotAvailableError
+from arkinfer.models._config import ConfigReader
+from arkinfer.models.llama import Attention, LlamaConfig, LlamaForCausalLM, expected_weights
+
+__all__ = ["MiniCPMConfig", "MiniCPMForCausalLM", "expected_weights"]
+
+
+@dataclass(frozen=True)
+class MiniCPMConfig(LlamaConfig):
+    scale_emb: float = 1.0
+    scale_depth: float = 1.0
+    dim_model_base: int = 1
+    sparse_config: dict[str, Any] | None = None
+
+    @property
+    def embedding_scale(self) -> float:
+        return self.scale_emb
+
+    @property
+    def residual_scale(self) -> float:
+        return self.scale_depth / math.sqrt(self.num_hidden_layers)
+
+    @property
+    def logit_divisor(self) -> float:
+        return self.hidden_size / self.dim_model_base
+
+    @property
+    def dense_len(self) -> int | None:
+        """Total length at which sparse attention starts (-1: always); None without sparse_config."""
+        if self.sparse_config is None:
+            return None
+        return int(self.sparse_config.get("dense_len", 8192))
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any], source: str = "config.json") -> MiniCPMConfig:
+        r = ConfigReader(raw, source)
+        kw = cls._read_common(r, raw)
+        kw["scale_emb"] = r.get("scale_emb", float, 1.0)
+        kw["scale_depth"] = r.get("scale_depth", float, 1.0)
+        kw["dim_model_base"] = r.get("dim_model_base", int, kw["hidden_size"] or 1)
+        kw["sparse_config"] = r.get("sparse_config", dict, None)
+        r.check(not raw.get("attention_bias", False), "MiniCPM has no attention biases")
+        r.finish()
+        return cls(**kw)
+
+
+class MiniCPMAttention(Attention):
+    """GQA attention that switches to InfLLM v2 at `dense_len` when sparse_config is present."""
+
+    force_dense: bool = False
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        dense_len = self.cfg.dense_len
+        total = k.shape[2]
+        if dense_len is None or self.force_dense or (dense_len >= 0 and total < dense_len):
+            return super().attend(q, k, v)
+        raise NotAvailableError(
+            f"this model's sparse_config selects InfLLM v2 sparse attention at {total} tokens "
+            f"(dense_len={dense_len}), and InfLLM v2 is not available in this ArkInfer build yet",
+            hint="pass --dense to run dense attention on purpose, or keep the context under "
+            f"dense_len={dense_len}",
+        )
+
+
+class MiniCPMForCausalLM(LlamaForCausalLM):
+    attention_cls = MiniCPMAttention
+
+    def set_dense(self, dense: bool) -> None:
+        """Force dense attention everywhere (the `--dense` switch), e.g. to compare with sparse."""
+        for layer in self.model.layers:
+            layer.self_attn.force_dense = dense
+
+
+MODEL_TYPES = ("minicpm",)
+ConfigClass = MiniCPMConfig
+ModelClass = MiniCPMForCausalLM

@@ -1,0 +1,1 @@
+"""ArkInfer backends: one folder per backend, registered in the `arkinfer.backends` entry-point group."""

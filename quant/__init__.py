@@ -1,0 +1,1 @@
+"""ArkInfer quantisation: calibration algorithms (calib/) and storage formats (formats/)."""

@@ -1,0 +1,1 @@
+"""Device profiles as TOML data (one file per target); loaded by `arkinfer.targets`."""
