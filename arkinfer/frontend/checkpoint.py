@@ -119,3 +119,13 @@ def load_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> torch.nn
     if ckpt.config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
+
+
+def load(name: str | Path, dense: bool = False, dtype: torch.dtype = torch.float32
+         ) -> tuple[Checkpoint, torch.nn.Module]:
+    """Open and load in one call; `dense=True` forces dense attention on sparse-config models."""
+    ckpt = open_checkpoint(name)
+    model = load_model(ckpt, dtype)
+    if dense and hasattr(model, "set_dense"):
+        model.set_dense(True)
+    return ckpt, model

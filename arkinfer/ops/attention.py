@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from arkinfer.ops._autograd import register_recompute_autograd
 
-@torch.library.custom_op("arkinfer::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+
+def _attention_impl(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """q [B, Hq, T, D], k/v [B, Hkv, S, D] (S >= T, Hq % Hkv == 0) -> [B, Hq, T, D]; fp32 softmax."""
     t, s = q.shape[2], k.shape[2]
     group = q.shape[1] // k.shape[1]
@@ -30,6 +31,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         mask = torch.arange(s, device=q.device)[None, :] <= rows
         out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
     return out.to(q.dtype)
+
+
+@torch.library.custom_op("arkinfer::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """See `_attention_impl`."""
+    return _attention_impl(q, k, v, scale)
+
+
+register_recompute_autograd(attention, _attention_impl)
 
 
 @attention.register_fake

@@ -5,13 +5,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from arkinfer.ops._autograd import register_recompute_autograd
+
+
+def _rms_norm_impl(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x [..., H], weight [H] -> [..., H]: `x * rsqrt(mean(x²) + eps)` in fp32, cast, times weight."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # at least fp32
+    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
 
 @torch.library.custom_op("arkinfer::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x [..., H], weight [H] -> [..., H]: `x * rsqrt(mean(x²) + eps)` in fp32, cast, times weight."""
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype)
+    """See `_rms_norm_impl`."""
+    return _rms_norm_impl(x, weight, eps)
+
+
+register_recompute_autograd(rms_norm, _rms_norm_impl)
 
 
 @rms_norm.register_fake

@@ -13,9 +13,10 @@ import math
 import torch
 from torch import Tensor
 
+from arkinfer.ops._autograd import register_recompute_autograd
 
-@torch.library.custom_op("arkinfer::rope", mutates_args=())
-def rope(x: Tensor, positions: Tensor, inv_freq: Tensor, attention_scale: float) -> Tensor:
+
+def _rope_impl(x: Tensor, positions: Tensor, inv_freq: Tensor, attention_scale: float) -> Tensor:
     """x [B, H, T, D], positions [T] int64, inv_freq [D/2] fp32 -> [B, H, T, D].
 
     Dim i pairs with dim i + D/2 ("rotate half", the HF layout, not llama.cpp's interleaved one).
@@ -23,10 +24,19 @@ def rope(x: Tensor, positions: Tensor, inv_freq: Tensor, attention_scale: float)
     angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # [T, D/2]
     emb = torch.cat([angles, angles], dim=-1)
     cos, sin = emb.cos() * attention_scale, emb.sin() * attention_scale
-    xf = x.float()
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # at least fp32
     half = xf.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
     return (xf * cos + rotated * sin).to(x.dtype)
+
+
+@torch.library.custom_op("arkinfer::rope", mutates_args=())
+def rope(x: Tensor, positions: Tensor, inv_freq: Tensor, attention_scale: float) -> Tensor:
+    """See `_rope_impl`."""
+    return _rope_impl(x, positions, inv_freq, attention_scale)
+
+
+register_recompute_autograd(rope, _rope_impl)
 
 
 @rope.register_fake

@@ -1,0 +1,1 @@
+"""GGUF backend: GGUF files for llama.cpp, run on the host through llama-cpp-python."""
