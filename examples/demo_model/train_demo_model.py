@@ -28,6 +28,7 @@ from arkinfer.models.minicpm import MiniCPMConfig, MiniCPMForCausalLM
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "arkinfer" / "data" / "corpus_train.txt"
+HELD_OUT = ROOT / "arkinfer" / "data" / "corpus_eval.txt"
 DEMO = ROOT / "arkinfer" / "demo"
 
 # hidden 128, 2 KV heads x 32 = 64 outputs for k/v, ffn 384: every in_features % 128 == 0 and every
@@ -93,7 +94,8 @@ def train(steps: int, seq: int, batch: int, lr: float, seed: int) -> MiniCPMForC
     torch.manual_seed(seed)
     tokenizer = Tokenizer.from_file(str(DEMO / "tokenizer.json"))
     data = token_stream(tokenizer, documents(CORPUS.read_text(encoding="utf-8")))
-    print(f"{len(data)} training tokens")
+    held_out = token_stream(tokenizer, documents(HELD_OUT.read_text(encoding="utf-8")))
+    print(f"{len(data)} training tokens, {len(held_out)} held-out tokens")
     model = MiniCPMForCausalLM(MiniCPMConfig.from_hf(CONFIG))
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
@@ -117,9 +119,20 @@ def train(steps: int, seq: int, batch: int, lr: float, seed: int) -> MiniCPMForC
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % 50 == 0 or step == steps - 1:
-            print(f"step {step:4d}  loss {loss.item():.3f}  lr {lr_now:.2e}  {time.time() - start:.0f}s")
+        if step % 100 == 0 or step == steps - 1:
+            print(f"step {step:4d}  loss {loss.item():.3f}  held-out {held_out_loss(model, held_out, seq):.3f}"
+                  f"  lr {lr_now:.2e}  {time.time() - start:.0f}s", flush=True)
     return model
+
+
+@torch.no_grad()
+def held_out_loss(model: MiniCPMForCausalLM, data: torch.Tensor, seq: int) -> float:
+    """Mean next-token loss on the held-out text (consecutive windows of `seq`)."""
+    n = (len(data) - 1) // seq
+    x = data[: n * seq].view(n, seq)
+    y = data[1: n * seq + 1].view(n, seq)
+    logits, _ = model(x, torch.arange(seq), model.empty_cache(n))
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
 
 
 def save(model: MiniCPMForCausalLM, out: Path) -> None:
