@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from arkinfer.errors import ArkError
 
@@ -27,11 +28,11 @@ def debug_enabled() -> bool:
 def report(exc: BaseException) -> None:
     """Print `exc` for a user: `error: <message>` and `hint: <next step>`."""
     if isinstance(exc, ArkError):
-        _stderr.print(f"[bold red]error:[/] {exc.message}", markup=True)
+        _stderr.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True)
         if exc.hint:
-            _stderr.print(f"[yellow]hint:[/] {exc.hint}", markup=True)
+            _stderr.print(f"[yellow]hint:[/] {escape(exc.hint)}", markup=True)
     else:
-        _stderr.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", markup=True)
+        _stderr.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}", markup=True)
         _stderr.print("[yellow]hint:[/] this is a bug in ArkInfer; rerun with ARKINFER_DEBUG=1 "
                       "for the traceback and report it", markup=True)
 
@@ -45,6 +46,9 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
+        except BrokenPipeError:  # `arkinfer ... | head` closed the pipe: not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            raise typer.Exit(code=0) from None
         except Exception as exc:  # noqa: BLE001 - the CLI owns the terminal
             if debug_enabled():
                 raise

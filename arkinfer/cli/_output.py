@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console(highlight=False, soft_wrap=True)
@@ -18,19 +19,19 @@ def print_json(data: Any) -> None:
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
-    table = Table(title=title, show_header=True, header_style="bold")
+    table = Table(title=escape(title) if title else None, show_header=True, header_style="bold")
     for col in columns:
         table.add_column(col)
     for row in rows:
-        table.add_row(*[str(x) for x in row])
+        table.add_row(*[escape(str(x)) for x in row])
     console.print(table)
 
 
 def print_kv(title: str, items: list[tuple[str, Any]]) -> None:
     """A two-column key/value block."""
-    table = Table(title=title, show_header=False, box=None, pad_edge=False)
+    table = Table(title=escape(title), show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     for key, value in items:
-        table.add_row(key, str(value))
+        table.add_row(key, escape(str(value)))
     console.print(table)
