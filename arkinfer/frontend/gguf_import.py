@@ -1,0 +1,177 @@
+"""Import a GGUF file (llama.cpp) into a Hugging Face model folder.
+
+    import_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-hf")
+
+writes config.json, model.safetensors (or shards + model.safetensors.index.json), tokenizer.json,
+tokenizer_config.json and generation_config.json. Every tensor is dequantised to float32 (then
+stored as f32 / bf16 / f16), renamed to HF names and, for `llama` / `minicpm`, has llama.cpp's
+q/k row permutation undone (gguf_model.py). The tokenizer is rebuilt from the GGUF vocabulary
+(gguf_tokenizer.py) so it gives llama.cpp's ids.
+
+The folder is written under a temporary name next to OUT_DIR and renamed into place at the end, so
+a failure or Ctrl-C never leaves a half-written OUT_DIR. Peak memory is about one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from arkinfer.errors import GGUFError
+from arkinfer.frontend import gguf_model, gguf_tokenizer
+from arkinfer.frontend.gguf_reader import GGUFFile
+from arkinfer.frontend.shard_writer import DTYPES, TensorSpec, WeightDtype, write_shards
+
+ProgressFn = Callable[[int, int, str], None]
+DEFAULT_SHARD_BYTES = 5 * 1000**3  # Hugging Face's save_pretrained default ("5GB")
+IMPORTER_VERSION = "1"  # bump when the output of the same GGUF changes; caches compare it
+_F16_MAX = 65504.0
+
+__all__ = ["DEFAULT_SHARD_BYTES", "IMPORTER_VERSION", "ImportResult", "import_gguf"]
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What `import_gguf` wrote: the folder, its config and a summary for humans."""
+
+    path: Path
+    source: Path
+    architecture: str  # GGUF general.architecture
+    model_type: str  # HF model_type in config.json
+    parameters: int
+    layers: int
+    dtype: WeightDtype
+    files: list[str]
+    bytes: int  # total size of the files written
+    tokenizer: str  # e.g. "byte-level BPE (pre-tokenizer 'smollm'), 49152 tokens, 48900 merges"
+    tied_embeddings: bool
+    source_types: dict[str, int]  # ggml tensor types in the GGUF, e.g. {"Q4_1": 210, "F32": 61}
+    config: dict[str, Any] = field(repr=False)
+
+
+def _check_out_dir(out: Path, source: Path, force: bool) -> None:
+    real = out.resolve()
+    for inside, what in ((source.resolve(), "the GGUF file being imported"),
+                         (Path.cwd().resolve(), "the current folder")):
+        if real == inside or real in inside.parents:
+            raise GGUFError(f"output folder {out} contains {what}; replacing it would delete it",
+                            hint="choose a new, separate folder for the Hugging Face checkpoint")
+    if out.exists() and not out.is_dir():
+        raise GGUFError(f"output path {out} exists and is not a folder",
+                        hint="choose a new folder name for the Hugging Face checkpoint")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise GGUFError(f"output folder {out} already exists and is not empty",
+                        hint="choose a new folder, or replace it with --force")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _first_missing_ancestor(path: Path) -> Path | None:
+    """The outermost folder of `path`'s parents that does not exist yet (removed on failure)."""
+    missing = None
+    for parent in [path.parent, *path.parent.parents]:
+        if parent.exists():
+            break
+        missing = parent
+    return missing
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    # --force or an empty folder: swap, then delete the old content (never a half state at `out`).
+    old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: WeightDtype = "f32",
+                force: bool = False, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+                progress: ProgressFn | None = None) -> ImportResult:
+    """Convert `gguf_path` into the Hugging Face folder `out_dir`; returns what was written.
+
+    dtype: weight dtype of the safetensors ("f32" default, "bf16", "f16"). force: replace a
+    non-empty `out_dir`. progress(done, total, name): called with (0, total, "") before the
+    first tensor and after each tensor (HF name); the library itself never prints.
+    Raises GGUFError (bad/truncated file, unsupported architecture or tokenizer, existing output).
+    """
+    if dtype not in DTYPES:
+        raise GGUFError(f"weight dtype {dtype!r} is not supported",
+                        hint=f"use one of: {', '.join(DTYPES)}")
+    if max_shard_bytes <= 0:
+        raise GGUFError(f"max_shard_bytes={max_shard_bytes} must be positive",
+                        hint="use e.g. 5 GB (5_000_000_000)")
+    out = Path(out_dir).expanduser().absolute()
+    source = Path(gguf_path).expanduser()
+    _check_out_dir(out, source, force)
+    gguf = GGUFFile(source)
+    spec = gguf_model.arch_spec(gguf)
+    plans = gguf_model.plan_tensors(gguf, spec)
+    config = gguf_model.build_config(gguf, spec, DTYPES[dtype][2])
+    tok = gguf_tokenizer.build_tokenizer(gguf, config["max_position_embeddings"])
+    by_name = {p.hf_name: p for p in plans}
+    specs = [TensorSpec(p.hf_name, p.shape) for p in plans]
+    total = len(specs)
+
+    def produce(ts: TensorSpec) -> np.ndarray:
+        data = gguf_model.hf_tensor(gguf, by_name[ts.name])
+        if dtype == "f16" and np.abs(data).max(initial=0.0) > _F16_MAX:
+            raise GGUFError(f"tensor '{ts.name}' has values beyond float16's range "
+                            f"(|x| up to {float(np.abs(data).max()):.4g} > {_F16_MAX})",
+                            hint="import with --dtype bf16 or --dtype f32")
+        return data
+
+    done = 0
+
+    def on_tensor(ts: TensorSpec) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, ts.name)
+
+    created_parent = _first_missing_ancestor(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.importing-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()  # not mkdtemp: the folder keeps the user's umask permissions after the rename
+    try:
+        if progress is not None:
+            progress(0, total, "")
+        metadata = {"arkinfer_source": "gguf", "arkinfer_gguf_file": gguf.path.name,
+                    "arkinfer_importer": IMPORTER_VERSION}
+        files = write_shards(tmp, specs, produce, dtype, max_shard_bytes, metadata, on_tensor)
+        _write_json(tmp / "config.json", config)
+        _write_json(tmp / "generation_config.json", gguf_tokenizer.generation_config(config))
+        tok.tokenizer.save(str(tmp / "tokenizer.json"))
+        _write_json(tmp / "tokenizer_config.json", tok.tokenizer_config)
+        files += ["config.json", "generation_config.json", "tokenizer.json",
+                  "tokenizer_config.json"]
+        size = sum((tmp / name).stat().st_size for name in files)
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created_parent is not None:
+            shutil.rmtree(created_parent, ignore_errors=True)
+        raise
+    return ImportResult(
+        path=out, source=gguf.path, architecture=gguf.arch, model_type=spec.model_type,
+        parameters=sum(p.numel for p in plans), layers=config["num_hidden_layers"], dtype=dtype,
+        files=files, bytes=size, tokenizer=tok.kind,
+        tied_embeddings=bool(config["tie_word_embeddings"]),
+        source_types=dict(Counter(t.type_name for t in gguf.tensors.values())), config=config)

@@ -1,0 +1,183 @@
+"""Open a GGUF file and read its metadata and tensors (memory-mapped, through gguf-py).
+
+A GGUF file is a header of typed key/value metadata (`llama.block_count`, `tokenizer.ggml.tokens`,
+...), a table of tensor descriptors and the tensor data. `gguf.GGUFReader` memory-maps the file, so
+opening an 8B model reads only the header; tensor data is paged in when a tensor is dequantised.
+
+Layouts: GGUF lists a tensor's dims fastest-first (`ne0` = columns), e.g. `[576, 49152]` for the
+token embedding. The reader's numpy view is already row-major in the reversed order, so
+`dequantize` returns `[49152, 576]` = Hugging Face's `[out, in]` / `[vocab, hidden]` with no
+transpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from arkinfer.errors import GGUFError, NotAvailableError
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor descriptor: GGUF name, ggml type name (`Q4_1`, `F32`, ...) and numpy shape.
+
+    `shape` is row-major (slowest dim first), i.e. already the Hugging Face order.
+    """
+
+    name: str
+    type_name: str
+    shape: tuple[int, ...]
+    index: int
+
+
+def _import_gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise NotAvailableError("reading GGUF files needs the 'gguf' package",
+                                hint="pip install 'arkinfer[gguf]'  (or: pip install gguf)") from None
+    return gguf
+
+
+class GGUFFile:
+    """A GGUF file opened read-only: typed metadata access and dequantised tensors.
+
+    >>> f = GGUFFile("SmolLM2-135M-Instruct.Q4_1.gguf"); f.arch, f.get_arch("block_count")
+    ('llama', 30)
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        gguf = _import_gguf()
+        if not self.path.is_file():
+            raise GGUFError(f"GGUF file {str(self.path)!r} does not exist or is not a file",
+                            hint="give the path of a .gguf file")
+        size = self.path.stat().st_size
+        try:
+            self.reader = gguf.GGUFReader(self.path)
+        except Exception as exc:  # noqa: BLE001 - gguf-py raises ValueError, IndexError, ...
+            reason = _describe(exc)
+            hint = (f"{self.path.name} is not a GGUF model; give the path of a .gguf file"
+                    if "magic" in reason or "empty" in reason else _bad_file_hint(self.path))
+            raise GGUFError(f"{self.path} is not a readable GGUF file ({size} bytes): {reason}",
+                            hint=hint) from None
+        self._check_extent(size)
+        self.tensors: dict[str, GGUFTensor] = {
+            t.name: GGUFTensor(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)),
+                               i)
+            for i, t in enumerate(self.reader.tensors)
+        }
+        arch = self.get("general.architecture", None)
+        if not isinstance(arch, str):
+            raise GGUFError(f"{self.path} has no 'general.architecture' metadata key",
+                            hint="the file was not written by llama.cpp's converter or is damaged")
+        self.arch: str = arch
+
+    def _check_extent(self, size: int) -> None:
+        """Every tensor's bytes must lie inside the file (catches a truncated download)."""
+        for t in self.reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size or t.data.nbytes != int(t.n_bytes):
+                raise GGUFError(
+                    f"{self.path} is truncated: tensor '{t.name}' ends at byte {end} but the file "
+                    f"has {size} bytes", hint=_bad_file_hint(self.path))
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def keys(self) -> list[str]:
+        return [k for k in self.reader.fields if not k.startswith("GGUF.")]
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        """Metadata value as Python data (str, int, float, bool or list); `default` when absent.
+
+        Without a default, a missing key raises GGUFError naming it.
+        """
+        field = self.reader.fields.get(key)
+        if field is None:
+            if default is _MISSING:
+                raise GGUFError(f"{self.path} lacks the metadata key '{key}'",
+                                hint="the file is incomplete or was written by an unsupported "
+                                "converter; re-convert it with a recent llama.cpp")
+            return default
+        try:
+            value = field.contents()
+        except Exception as exc:  # noqa: BLE001 - malformed field data
+            raise GGUFError(f"metadata key '{key}' in {self.path} cannot be decoded: "
+                            f"{_describe(exc)}", hint=_bad_file_hint(self.path)) from None
+        if isinstance(value, np.generic):
+            value = value.item()
+        return value
+
+    def get_arch(self, key: str, default: Any = _MISSING) -> Any:
+        """`{arch}.{key}`, e.g. get_arch("block_count") reads `llama.block_count`."""
+        return self.get(f"{self.arch}.{key}", default)
+
+    def get_int(self, key: str, default: Any = _MISSING) -> int | None:
+        value = self.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, list):
+            raise GGUFError(f"metadata key '{key}' in {self.path} holds a per-layer list "
+                            f"({value[:4]}...), which ArkInfer does not support",
+                            hint="only models with the same value in every layer can be imported")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise GGUFError(f"metadata key '{key}' in {self.path} must be an integer, got {value!r}",
+                            hint=_bad_file_hint(self.path))
+        return int(value)
+
+    def get_float(self, key: str, default: Any = _MISSING) -> float | None:
+        value = self.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise GGUFError(f"metadata key '{key}' in {self.path} must be a number, got {value!r}",
+                            hint=_bad_file_hint(self.path))
+        return float32_clean(float(value))
+
+    # -- tensors -------------------------------------------------------------------------------
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """Tensor `name` as float32, row-major, Hugging Face order (e.g. `[out, in]`).
+
+        Raises GGUFError for a ggml type gguf-py cannot dequantise.
+        """
+        from gguf.quants import dequantize
+
+        info = self.tensors[name]
+        raw = self.reader.tensors[info.index]
+        try:
+            data = dequantize(raw.data, raw.tensor_type)
+        except NotImplementedError:
+            raise GGUFError(f"tensor '{name}' in {self.path} uses ggml type {info.type_name}, "
+                            "which gguf-py cannot dequantise",
+                            hint="re-quantise the model to a common type (Q8_0, Q4_K_M, F16) with "
+                            "llama-quantize, or import the original checkpoint") from None
+        data = np.asarray(data, dtype=np.float32).reshape(info.shape)
+        return data
+
+
+def float32_clean(value: float) -> float:
+    """Shortest decimal that round-trips a float32 (GGUF stores 1e-5 as 9.99999974e-06)."""
+    return float(str(np.float32(value)))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if "magic" in text.lower():
+        return "it does not start with the GGUF magic bytes"
+    if "mmap" in text.lower() and "empty" in text.lower():
+        return "the file is empty"
+    if "version" in text.lower():
+        return f"unsupported GGUF version ({text})"
+    return f"it is truncated or damaged (gguf-py: {type(exc).__name__}: {text})"
+
+
+def _bad_file_hint(path: Path) -> str:
+    return (f"check that {path.name} is a complete .gguf download (compare its size and checksum "
+            "with the source), or re-convert the model with llama.cpp's convert_hf_to_gguf.py")
