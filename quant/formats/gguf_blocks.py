@@ -1,0 +1,208 @@
+"""ggml block types in numpy: byte codecs, ggml's reference quantisers, dequantisation.
+
+Bytes exactly as ggml (`ggml-quants.c`), little-endian, one row = consecutive blocks:
+
+    Q4_0  (32 w, 18 B):  fp16 d | 16 B, byte j = q[j] | q[j+16] << 4        value (q - 8) * d
+    Q4_1  (32 w, 20 B):  fp16 d | fp16 m | 16 B as Q4_0                     value q * d + m
+    Q8_0  (32 w, 34 B):  fp16 d | 32 x int8                                 value q * d
+    TQ2_0 (256 w, 66 B): 64 B | fp16 d; code = trit + 1; in each 32-byte half h, byte m holds
+                         weights 128h + m + 32l at bits 2l (l = 0..3)       value (code - 1) * d
+    TQ1_0 (256 w, 54 B): 48 B of 5 trits/byte | 4 B of 4 trits/byte | fp16 d   value trit * d
+                         (base-3 digits, most significant first, byte = ceil(x * 256 / 243))
+    F16 / BF16: one 2-byte float per weight (BF16 rounds to nearest even, NaN kept quiet)
+
+`quantize_gguf` reproduces ggml's `quantize_row_*_ref` (and gguf-py's numpy port) byte for byte;
+ggml rounds with `roundf` (half away from zero) and computes `x * (1/d)`, not `x / d`.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+
+class GGMLType(IntEnum):
+    """ggml type ids (gguf `GGMLQuantizationType`) of the block types ArkInfer writes."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q8_0 = 8
+    BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+
+
+# (weights per block, bytes per block)
+BLOCK: dict[GGMLType, tuple[int, int]] = {
+    GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.BF16: (1, 2),
+    GGMLType.Q4_0: (32, 18), GGMLType.Q4_1: (32, 20), GGMLType.Q8_0: (32, 34),
+    GGMLType.TQ1_0: (256, 54), GGMLType.TQ2_0: (256, 66),
+}
+_POW3 = np.array([81, 27, 9, 3, 1], dtype=np.uint16)
+
+
+def _f16_bytes(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def _f16_value(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32).reshape(-1)
+
+
+def roundf(x: np.ndarray) -> np.ndarray:
+    """C roundf (half away from zero), exact for every float32 (no `x + 0.5` rounding)."""
+    a = np.abs(x)
+    whole = np.floor(a)
+    return np.sign(x) * (whole + np.floor(2 * (a - whole)))
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------- byte codecs
+def encode_q4(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> np.ndarray:
+    """q uint8 [nb, 32] (< 16), d [nb] (and m [nb] for Q4_1) -> Q4_0 [nb, 18] / Q4_1 [nb, 20]."""
+    q = q.astype(np.uint8)
+    qs = q[:, :16] | (q[:, 16:] << np.uint8(4))
+    head = [_f16_bytes(d)] + ([] if m is None else [_f16_bytes(m)])
+    return np.concatenate([*head, qs], axis=1)
+
+
+def decode_q4(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, ...]:
+    """Q4_0 [nb, 18] -> (q [nb, 32], d [nb]); Q4_1 [nb, 20] -> (q, d, m)."""
+    off = 4 if with_min else 2
+    qs = blocks[:, off:]
+    q = np.concatenate([qs & np.uint8(0xF), qs >> np.uint8(4)], axis=1)
+    d = _f16_value(blocks[:, :2])
+    return (q, d, _f16_value(blocks[:, 2:4])) if with_min else (q, d)
+
+
+def encode_q8_0(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """q int8 [nb, 32], d [nb] -> [nb, 34]."""
+    return np.concatenate([_f16_bytes(d), q.astype(np.int8).view(np.uint8)], axis=1)
+
+
+def decode_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.ascontiguousarray(blocks[:, 2:]).view(np.int8), _f16_value(blocks[:, :2])
+
+
+def encode_tq2_0(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """codes uint8 [nb, 256] in {0, 1, 2} (trit + 1), d [nb] -> [nb, 66]."""
+    c = codes.astype(np.uint8).reshape(-1, 2, 4, 32)
+    qs = c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)
+    return np.concatenate([qs.reshape(-1, 64), _f16_bytes(d)], axis=1)
+
+
+def decode_tq2_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    qs = blocks[:, :64].reshape(-1, 2, 1, 32)
+    codes = (qs >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    return codes.reshape(-1, 256), _f16_value(blocks[:, 64:])
+
+
+def _base3_bytes(digits: np.ndarray) -> np.ndarray:
+    """digits [nb, k, width] (most significant digit first, k digits) -> fixed-point bytes."""
+    k = digits.shape[1]
+    x = (digits.astype(np.uint16) * _POW3[:k].reshape(1, k, 1)).sum(axis=1, dtype=np.uint16)
+    return ((x * 256 + 242) // 243).astype(np.uint8)  # ceil(x * 256 / 243)
+
+
+def encode_tq1_0(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """codes uint8 [nb, 256] in {0, 1, 2} (trit + 1), d [nb] -> [nb, 54]."""
+    c = codes.astype(np.uint8)
+    nb = c.shape[0]
+    qs0 = _base3_bytes(c[:, :160].reshape(nb, 5, 32))     # weights 0..159: 5 trits/byte
+    qs1 = _base3_bytes(c[:, 160:240].reshape(nb, 5, 16))  # weights 160..239
+    qh = _base3_bytes(c[:, 240:].reshape(nb, 4, 4))        # weights 240..255: 4 trits/byte
+    return np.concatenate([qs0, qs1, qh, _f16_bytes(d)], axis=1)
+
+
+def _trits_of(b: np.ndarray, k: int) -> np.ndarray:
+    """bytes [nb, w] -> digits [nb, k, w]: digit i = ((uint8)(b * 3^i) * 3) >> 8."""
+    mul = np.array([1, 3, 9, 27, 81][:k], np.uint8).reshape(1, k, 1)
+    shifted = (b[:, None, :] * mul).astype(np.uint8)  # wraps mod 256, as in C
+    return ((shifted.astype(np.uint16) * 3) >> 8).astype(np.uint8)
+
+
+def decode_tq1_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    nb = blocks.shape[0]
+    parts = [_trits_of(blocks[:, :32], 5).reshape(nb, 160),
+             _trits_of(blocks[:, 32:48], 5).reshape(nb, 80),
+             _trits_of(blocks[:, 48:52], 4).reshape(nb, 16)]
+    return np.concatenate(parts, axis=1), _f16_value(blocks[:, 52:])
+
+
+# ------------------------------------------------------------------------ ggml's quantisers
+def _bf16(x: np.ndarray) -> np.ndarray:
+    n = x.view(np.uint32)
+    quiet = (n & np.uint32(0xFFFF0000)) | np.uint32(64 << 16)  # NaN stays a (quiet) NaN
+    n = np.where((n & 0x7FFFFFFF) > 0x7F800000, quiet, n)
+    return ((n.astype(np.uint64) + (0x7FFF + ((n >> 16) & 1))) >> 16).astype(np.uint16)
+
+
+def quantize_gguf(w: np.ndarray, qtype: GGMLType | int) -> bytes:
+    """ggml's reference quantiser for `qtype` applied to float32 `w` [..., n] (row-major; n a
+    multiple of the block size) -> the tensor's bytes, identical to `gguf.quants.quantize`."""
+    qtype = GGMLType(qtype)
+    x = np.ascontiguousarray(w, dtype=np.float32)
+    size = BLOCK[qtype][0]
+    if x.shape[-1] % size:
+        raise ValueError(f"rows of {x.shape[-1]} values are not a multiple of {qtype.name}'s "
+                         f"block of {size}")
+    if qtype is GGMLType.F32:
+        return x.tobytes()
+    if qtype is GGMLType.F16:
+        return x.astype(np.float16).tobytes()
+    if qtype is GGMLType.BF16:
+        return _bf16(x).tobytes()
+    b = x.reshape(-1, size)
+    if qtype is GGMLType.Q8_0:
+        d = np.abs(b).max(axis=1) / np.float32(127)
+        return encode_q8_0(roundf(b * _inverse(d)[:, None]), d).tobytes()
+    if qtype is GGMLType.Q4_0:
+        amax = np.take_along_axis(b, np.abs(b).argmax(axis=1)[:, None], axis=1)[:, 0]
+        d = amax / np.float32(-8)
+        q = np.trunc(b * _inverse(d)[:, None] + np.float32(8.5))
+        return encode_q4(np.clip(q, 0, 15), d).tobytes()
+    if qtype is GGMLType.Q4_1:
+        lo, hi = b.min(axis=1), b.max(axis=1)
+        d = (hi - lo) / np.float32(15)
+        q = np.trunc((b - lo[:, None]) * _inverse(d)[:, None] + np.float32(0.5))
+        return encode_q4(np.clip(q, 0, 15), d, lo).tobytes()
+    # TQ1_0 / TQ2_0: d = absmax of the 256-block, trit = roundf(x / d)
+    d = np.abs(b).max(axis=1)
+    codes = (roundf(b * _inverse(d)[:, None]) + 1).astype(np.uint8)
+    enc = encode_tq2_0 if qtype is GGMLType.TQ2_0 else encode_tq1_0
+    return enc(codes, d).tobytes()
+
+
+def dequantize_gguf(data: bytes | np.ndarray, qtype: GGMLType | int, n: int) -> np.ndarray:
+    """Bytes of `qtype` -> float32 [rows, n] exactly as ggml's dequantize_row_* computes."""
+    qtype = GGMLType(qtype)
+    raw = np.frombuffer(bytes(data), np.uint8) if isinstance(data, (bytes, bytearray)) \
+        else np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    nbytes = BLOCK[qtype][1]
+    if qtype is GGMLType.F32:
+        return raw.view(np.float32).reshape(-1, n).copy()
+    if qtype is GGMLType.F16:
+        return raw.view(np.float16).astype(np.float32).reshape(-1, n)
+    if qtype is GGMLType.BF16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, n)
+    blocks = raw.reshape(-1, nbytes)
+    if qtype is GGMLType.Q8_0:
+        q, d = decode_q8_0(blocks)
+        vals = q.astype(np.float32) * d[:, None]
+    elif qtype is GGMLType.Q4_0:
+        q, d = decode_q4(blocks, with_min=False)
+        vals = d[:, None] * (q.astype(np.float32) - np.float32(8))
+    elif qtype is GGMLType.Q4_1:
+        q, d, m = decode_q4(blocks, with_min=True)
+        vals = d[:, None] * q.astype(np.float32) + m[:, None]
+    else:
+        codes, d = (decode_tq2_0 if qtype is GGMLType.TQ2_0 else decode_tq1_0)(blocks)
+        vals = d[:, None] * (codes.astype(np.float32) - np.float32(1))
+    return vals.astype(np.float32).reshape(-1, n)

@@ -1,0 +1,100 @@
+"""Quantisation recipes: calibration algorithm x storage format, as a frozen config.
+
+    QuantRecipe(calib="gptq", format="marlin", bits=4, group_size=128)
+    get_preset("q4_0")                       # rtn 4-bit g32 sym -> gguf-q4_0
+    get_preset("awq", group_size=64)         # a preset with overrides
+
+A recipe is checked against its format's constraint data on construction, so an impossible
+combination (Marlin with 3 bits, AWQ with act-order) fails before any calibration runs.
+`skip` holds fnmatch patterns of layer names left in full precision (reported, never silent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
+from typing import Literal, get_args
+
+from .formats import get_format
+from .weight import Kind, QuantError
+
+Calib = Literal["rtn", "gptq", "pgptq", "awq", "ternary"]
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """calib: how codes and scales are chosen; format: registered storage format name.
+
+    group_size -1 = one group per row (for ternary: one absmean scale per row).
+    desc_act: GPTQ act-order (columns processed by descending Hessian diagonal; g_idx stored).
+    """
+
+    calib: Calib
+    format: str
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = True
+    desc_act: bool = False
+    skip: tuple[str, ...] = ("lm_head",)
+
+    def __post_init__(self) -> None:
+        if self.calib not in get_args(Calib):
+            raise QuantError(f"calib={self.calib!r} is not a calibration algorithm; allowed "
+                             f"{list(get_args(Calib))}", "pick one of the allowed algorithms")
+        if isinstance(self.skip, str):
+            raise QuantError(f"skip={self.skip!r} is a string; expected a tuple of patterns",
+                             f"write skip=({self.skip!r},)")
+        c = get_format(self.format).constraints
+        kind = Kind.TERNARY if self.calib == "ternary" else Kind.UNIFORM
+        where = f"recipe {self.calib} -> {self.format}"
+        if kind not in c.kinds:
+            raise QuantError(f"{where}: the format stores {[str(k) for k in c.kinds]} weights, "
+                             f"not {kind}", "pick a format for this calibration")
+        if self.bits not in c.bits:
+            raise QuantError(f"{where}: bits={self.bits} not in {c.bits}",
+                             f"use bits={c.bits[0]}")
+        if c.group_sizes is not None and self.group_size not in c.group_sizes:
+            raise QuantError(f"{where}: group_size={self.group_size} not in {c.group_sizes}",
+                             f"use group_size in {c.group_sizes}")
+        if self.group_size == 0 or self.group_size < -1:
+            raise QuantError(f"{where}: group_size={self.group_size} is invalid",
+                             "use -1 (whole row) or a positive group size")
+        if self.sym not in c.sym:
+            raise QuantError(f"{where}: sym={self.sym} not in {c.sym}", f"use sym={c.sym[0]}")
+        if self.desc_act and (not c.act_order or self.calib not in ("gptq", "pgptq")):
+            raise QuantError(f"{where}: desc_act=True needs a GPTQ calibration and a format with "
+                             "g_idx (gptq)", "set desc_act=False")
+
+    def skips(self, layer_name: str) -> bool:
+        """True when `layer_name` matches one of the skip patterns (kept in full precision)."""
+        return any(fnmatchcase(layer_name, p) or fnmatchcase(layer_name, f"*{p}")
+                   for p in self.skip)
+
+    def describe(self) -> str:
+        order = " act-order" if self.desc_act else ""
+        if self.calib == "ternary":
+            return f"ternary (group {self.group_size}) -> {self.format}"
+        return (f"{self.calib} {self.bits}-bit g{self.group_size} "
+                f"{'sym' if self.sym else 'asym'}{order} -> {self.format}")
+
+
+PRESETS: dict[str, QuantRecipe] = {
+    "marlin": QuantRecipe("gptq", "marlin", 4, 128, sym=True, desc_act=False),
+    "gptq": QuantRecipe("gptq", "gptq", 4, 128, sym=True),
+    "awq": QuantRecipe("awq", "awq", 4, 128, sym=False),
+    "q4_0": QuantRecipe("rtn", "gguf-q4_0", 4, 32, sym=True),
+    "q4_1": QuantRecipe("rtn", "gguf-q4_1", 4, 32, sym=False),
+    "q8_0": QuantRecipe("rtn", "gguf-q8_0", 8, 32, sym=True),
+    "ternary": QuantRecipe("ternary", "gguf-tq2_0", 2, -1, sym=True),
+    "mlx4": QuantRecipe("rtn", "mlx", 4, 64, sym=False),
+    # ORT's own quantiser defaults to asymmetric (zero points written).
+    "ort4": QuantRecipe("rtn", "ort", 4, 128, sym=False),
+}
+
+
+def get_preset(name: str, **overrides: object) -> QuantRecipe:
+    """The named preset, optionally with fields replaced (re-validated)."""
+    if name not in PRESETS:
+        raise QuantError(f"unknown quantisation preset {name!r}; presets: {sorted(PRESETS)}",
+                         "pick a preset or build a QuantRecipe(calib=..., format=...)")
+    return replace(PRESETS[name], **overrides) if overrides else PRESETS[name]
