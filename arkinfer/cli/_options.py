@@ -8,11 +8,8 @@ import typer
 
 ModelArg = Annotated[
     str,
-    typer.Argument(help="A Hugging Face model folder, a .gguf file (imported on the fly) or 'demo'."),
-]
-OptionalModelArg = Annotated[
-    str,
-    typer.Argument(help="A Hugging Face model folder, a .gguf file or 'demo' (the default)."),
+    typer.Argument(help="A Hugging Face model folder, a .gguf file (imported once into the cache) "
+                   "or 'demo' (the embedded demo model, the default)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 DenseOpt = Annotated[

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import DenseOpt, JsonOpt
+from arkinfer.cli._options import ModelArg, DenseOpt, JsonOpt
 from arkinfer.cli._output import console, print_json
 from arkinfer.errors import ArkError
 
@@ -24,7 +24,7 @@ EXAMPLES = [
 
 @handle_errors
 def command(
-    model: Annotated[str, typer.Argument(help="Model folder or 'demo'.")] = "demo",
+    model: ModelArg = "demo",
     text: Annotated[Path, typer.Option("--text", help="UTF-8 text file to score.")] = ...,
     ctx: Annotated[int, typer.Option("--ctx", help="Window length in tokens.")] = 512,
     max_windows: Annotated[int | None, typer.Option(help="Score only the first N windows.")] = None,

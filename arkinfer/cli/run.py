@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import DenseOpt
+from arkinfer.cli._options import ModelArg, DenseOpt
 from arkinfer.cli._output import err_console
 from arkinfer.errors import ArkError
 
@@ -40,7 +40,7 @@ class _Streamer:
 
 @handle_errors
 def command(
-    model: Annotated[str, typer.Argument(help="Model folder or 'demo'.")] = "demo",
+    model: ModelArg = "demo",
     prompt: Annotated[str, typer.Option("-p", "--prompt", help="The user message.")] = "Hello!",
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy. MiniCPM4.1 recommends 0.6.", min=0.0)] = 0.0,

