@@ -11,10 +11,13 @@ from arkinfer.cli._options import JsonOpt
 from arkinfer.cli._output import console, print_json, print_kv, print_table
 
 HELP = ("Describe a model: architecture, parameters, dimensions, sparse config, and weight and "
-        "KV-cache memory at 4K/32K/128K context. Reads only config.json and tensor headers.")
+        "KV-cache memory at 4K/32K/128K context. Reads only config.json and tensor headers. "
+        "With --ir, print the model's graph IR instead (traced shape-only from config.json).")
 EXAMPLES = [
     "arkinfer inspect demo",
     "arkinfer inspect ./MiniCPM4.1-8B --json",
+    "arkinfer inspect ./MiniCPM4.1-8B --ir",
+    "arkinfer inspect demo --ir --ir-passes default",
 ]
 
 
@@ -35,11 +38,34 @@ def _sparse(sc: dict | None) -> str:
             f"{sc.get('use_nope')}")
 
 
+def _print_ir(model: str, passes: str, json_out: bool) -> None:
+    """The IR of `model` (shape-only: config.json is enough), after `passes`."""
+    from arkinfer import ir
+
+    program = ir.trace(model, shape_only=True)
+    names = {"none": [], "default": list(ir.DEFAULT_PIPELINE)}.get(
+        passes, [p.strip() for p in passes.split(",") if p.strip()])
+    program = ir.run_passes(program, names)
+    if json_out:
+        print_json(ir.program_to_json(program))
+    else:
+        console.print(ir.print_ir(program), markup=False, highlight=False, end="")
+
+
 @handle_errors
 def command(
     model: Annotated[str, typer.Argument(help="Model folder or 'demo'.")] = "demo",
     json_out: JsonOpt = False,
+    show_ir: Annotated[bool, typer.Option(
+        "--ir", help="Print the graph IR (prefill and decode) instead of the summary; needs only "
+        "config.json.")] = False,
+    ir_passes: Annotated[str, typer.Option(
+        "--ir-passes", help="With --ir: passes to run first: none, default, or a comma list of "
+        "fuse_qkv, fuse_gate_up, fold_rope_tables, dce.")] = "none",
 ) -> None:
+    if show_ir:
+        _print_ir(model, ir_passes, json_out)
+        return
     from arkinfer.frontend.checkpoint import open_checkpoint
     from arkinfer.summary import summarize
 
