@@ -23,7 +23,7 @@ test-all: setup
 demo: setup
 	$(ARK) inspect demo
 	$(ARK) run demo -p "What is bread made from?" -n 48
-	$(ARK) eval demo --text arkinfer/data/corpus_eval.txt --ctx 256
+	$(ARK) eval demo --text arkinfer/data/corpus_train.txt --ctx 256
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -64,11 +64,14 @@ CONFIG = {
                       "window_size": 256, "topk": 4, "use_nope": False, "dense_len": 1024},
 }
 
+# Each Q&A pair is shown this many times as a ChatML exchange: a 1.3 M-parameter model needs the
+# repetition to map a question to the start of its answer (the prose alone teaches continuation).
+CHAT_REPEATS = 8
 QA = re.compile(r"^Question:\s*(?P<q>.+?)\s*\nAnswer:\s*(?P<a>.+)$", re.S)
 
 
 def documents(text: str) -> list[str]:
-    """Paragraphs; Q&A paragraphs appear twice: as prose and as a ChatML exchange."""
+    """Paragraphs; Q&A paragraphs also appear CHAT_REPEATS times as ChatML exchanges."""
     docs = []
     for para in (p.strip() for p in text.split("\n\n")):
         if not para:
@@ -76,8 +79,8 @@ def documents(text: str) -> list[str]:
         docs.append(para)
         m = QA.match(para)
         if m:
-            docs.append(f"<|im_start|>user\n{m['q']}<|im_end|>\n<|im_start|>assistant\n"
-                        f"{m['a']}<|im_end|>\n")
+            docs += [f"<|im_start|>user\n{m['q']}<|im_end|>\n<|im_start|>assistant\n"
+                     f"{m['a']}<|im_end|>\n"] * CHAT_REPEATS
     return docs
 
 
