@@ -1,0 +1,301 @@
+"""InfLLM v2 vs dense attention on the CPU: one MiniCPM4.1-8B attention layer.
+
+32 query heads, 2 KV heads, head_dim 128, MiniCPM4.1's sparse_config (with dense_len forced to -1 so
+every row measures the sparse kernel; a model with dense_len=8192 runs dense below 8192 tokens).
+Decode = one new query against the whole cache, the CompressedKeys state carried step to step
+(mean over consecutive steps, so the one-in-16 kernel emission is amortised); caches are flushed
+before every timed call (a real model reads another layer's KV in between). Prefill = the whole
+sequence in one call. Dense baseline: torch scaled_dot_product_attention.
+
+    .venv/bin/python benchmarks/infllmv2.py                       # 8K..128K, prefill up to 32K
+    .venv/bin/python benchmarks/infllmv2.py --contexts 8192,16384 --max-prefill 8192 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from arkinfer.ops.infllmv2 import (
+    SparseConfig,
+    compress_keys,
+    dense_attention,
+    infllmv2_attention,
+    n_kernels,
+)
+
+HQ, HKV, D = 32, 2, 128
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--contexts", default="8192,16384,32768,65536,131072",
+                   help="comma-separated context lengths (default: %(default)s)")
+    p.add_argument("--max-prefill", type=int, default=32768,
+                   help="longest context also timed for prefill (dense prefill is O(L^2); "
+                        "default: %(default)s)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="KV cache and query dtype (default: %(default)s; this CPU has no bf16 "
+                        "arithmetic, both paths upcast bf16 to fp32)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--decode-steps", type=int, default=32,
+                   help="consecutive decode steps averaged per pass (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="decode passes; the median pass is reported (default: %(default)s)")
+    p.add_argument("--warm", action="store_true", help="do not flush caches between calls")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="keep glibc's default mmap/trim thresholds (by default they are raised so "
+                        "freed temporaries are reused, as in a long-running server process)")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infllmv2.json",
+                   help="JSON output (default: %(default)s)")
+    return p.parse_args(argv)
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's mmap threshold (32 MiB, its maximum) and trim threshold (1 GiB) so freed
+    per-call temporaries are reused instead of being unmapped and page-faulted back every call
+    (which costs the sparse decode several ms at 32K). jemalloc / tcmalloc behave like this."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)
+                    and libc.mallopt(m_trim_threshold, 2**30))
+    except (OSError, AttributeError):
+        return False
+
+
+# -- machine ------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def bandwidth_gbs(mib: int = 512) -> dict[str, float]:
+    """Best of 5: copy (bytes read + written per second) and read-only (sum) of `mib` MiB."""
+    a = torch.ones(mib * 2**20 // 4)
+    b = torch.empty_like(a)
+    copy, read = [], []
+    for _ in range(5):
+        t = time.perf_counter()
+        b.copy_(a)
+        copy.append(2 * a.numel() * 4 / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter()
+        a.sum()
+        read.append(a.numel() * 4 / (time.perf_counter() - t) / 1e9)
+    return {"copy_gbs": max(copy), "read_gbs": max(read)}
+
+
+class PeakRSS:
+    """Peak resident memory above the starting point, from VmHWM (reset via clear_refs)."""
+
+    def __enter__(self) -> PeakRSS:  # noqa: PYI034 (a final class in a script)
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.ok = True
+        except OSError:
+            self.ok = False
+        self.start = self._read("VmRSS")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.mib = (self._read("VmHWM") - self.start) / 1024 if self.ok else float("nan")
+
+    @staticmethod
+    def _read(key: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1])   # kB
+        return 0
+
+
+_FLUSH = torch.empty(0)
+
+
+def flush_caches(enabled: bool) -> None:
+    """Write 64 MiB (twice this machine's L3) so the next call reads its KV from DRAM."""
+    global _FLUSH
+    if enabled:
+        if _FLUSH.numel() == 0:
+            _FLUSH = torch.empty(16 * 2**20)
+        _FLUSH.fill_(1.0)
+
+
+# -- measurements -------------------------------------------------------------------------------
+def kv_bytes(length: int, cfg: SparseConfig, elem: int) -> tuple[int, int]:
+    """KV bytes one decode step reads (specs/infllmv2.md §8): (dense, sparse), all KV heads."""
+    dense = HKV * 2 * length * D * elem
+    n1 = n_kernels(length, cfg.kernel_size, cfg.kernel_stride)
+    n2 = n_kernels(length, cfg.coarse_kernel_size, cfg.coarse_kernel_stride)
+    attended = min(length, cfg.budget * cfg.block_size)
+    sparse = HKV * ((n1 + n2) * D * 4 + 2 * attended * D * elem)
+    return dense, sparse
+
+
+class Timer:
+    """Wall-clock and process CPU time of a block (CPU time is robust to other jobs' load when
+    torch runs one thread; with more threads it sums them)."""
+
+    def __enter__(self) -> Timer:  # noqa: PYI034 (a final class in a script)
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def time_decode(length: int, cfg: SparseConfig, dtype: torch.dtype, args) -> dict:
+    g = torch.Generator().manual_seed(length)
+    k = torch.randn(1, HKV, length, D, generator=g).to(dtype)
+    v = torch.randn(1, HKV, length, D, generator=g).to(dtype)
+    q = torch.randn(1, HQ, 1, D, generator=g).to(dtype)
+    scale = D ** -0.5
+    first = length - args.decode_steps
+    state0 = compress_keys(k[:, :, :first], cfg)
+    passes: dict[str, list[tuple[float, float]]] = {"dense": [], "sparse": []}
+    for rep in range(args.repeats + 1):           # pass 0 warms up (allocator, kernels)
+        state, sums = state0, {"dense": [0.0, 0.0], "sparse": [0.0, 0.0]}
+        for p in range(first, length):
+            kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
+            flush_caches(not args.warm)
+            with Timer() as t:
+                dense_attention(q, kk, vv, scale, p)
+            sums["dense"][0] += t.wall
+            sums["dense"][1] += t.cpu
+            flush_caches(not args.warm)
+            with Timer() as t:
+                _, state, _ = infllmv2_attention(q, kk, vv, config=cfg, scale=scale,
+                                                 cache_len=p, state=state)
+            sums["sparse"][0] += t.wall
+            sums["sparse"][1] += t.cpu
+        if rep:
+            for name, (wall, cpu) in sums.items():
+                passes[name].append((wall / args.decode_steps, cpu / args.decode_steps))
+    with PeakRSS() as dense_mem:
+        dense_attention(q, k, v, scale, length - 1)
+    with PeakRSS() as sparse_mem:
+        infllmv2_attention(q, k, v, config=cfg, scale=scale, cache_len=length - 1, state=state0)
+    dense_b, sparse_b = kv_bytes(length, cfg, k.element_size())
+    td, ts = (statistics.median(w for w, _ in passes[n]) for n in ("dense", "sparse"))
+    cd, cs = (statistics.median(c for _, c in passes[n]) for n in ("dense", "sparse"))
+    return {"dense_ms": td * 1e3, "sparse_ms": ts * 1e3, "speedup": td / ts,
+            "dense_cpu_ms": cd * 1e3, "sparse_cpu_ms": cs * 1e3, "cpu_speedup": cd / cs,
+            "dense_kv_mib": dense_b / 2**20, "sparse_kv_mib": sparse_b / 2**20,
+            "dense_gbs": dense_b / td / 1e9, "sparse_gbs": sparse_b / ts / 1e9,
+            "dense_peak_mib": dense_mem.mib, "sparse_peak_mib": sparse_mem.mib}
+
+
+def time_prefill(length: int, cfg: SparseConfig, dtype: torch.dtype) -> dict:
+    g = torch.Generator().manual_seed(length + 1)
+    q = torch.randn(1, HQ, length, D, generator=g).to(dtype)
+    k = torch.randn(1, HKV, length, D, generator=g).to(dtype)
+    v = torch.randn(1, HKV, length, D, generator=g).to(dtype)
+    scale = D ** -0.5
+    with PeakRSS() as dense_mem, Timer() as dense_t:
+        dense_attention(q, k, v, scale, 0)
+    with PeakRSS() as sparse_mem, Timer() as sparse_t:
+        infllmv2_attention(q, k, v, config=cfg, scale=scale, cache_len=0)
+    return {"dense_s": dense_t.wall, "sparse_s": sparse_t.wall,
+            "speedup": dense_t.wall / sparse_t.wall,
+            "dense_cpu_s": dense_t.cpu, "sparse_cpu_s": sparse_t.cpu,
+            "cpu_speedup": dense_t.cpu / sparse_t.cpu,
+            "dense_peak_mib": dense_mem.mib, "sparse_peak_mib": sparse_mem.mib,
+            "l_squared_fp32_mib": length * length * 4 / 2**20}
+
+
+# -- report -------------------------------------------------------------------------------------
+def table(rows: list[dict]) -> str:
+    head = ("| context | decode dense ms | decode sparse ms | decode speedup (CPU-time speedup) | "
+            "dense / sparse KV GB/s | prefill dense s | prefill sparse s | "
+            "prefill speedup (CPU-time speedup) | prefill peak RSS MiB dense / sparse |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        d, p = r["decode"], r.get("prefill")
+        pre = (f"{p['dense_s']:.1f} | {p['sparse_s']:.1f} | {p['speedup']:.2f}x "
+               f"({p['cpu_speedup']:.2f}x) | {p['dense_peak_mib']:.0f} / "
+               f"{p['sparse_peak_mib']:.0f}") if p else "- | - | - | -"
+        lines.append(f"| {r['context'] // 1024}K | {d['dense_ms']:.2f} | {d['sparse_ms']:.2f} | "
+                     f"{d['speedup']:.1f}x ({d['cpu_speedup']:.1f}x) | {d['dense_gbs']:.1f} / "
+                     f"{d['sparse_gbs']:.1f} | {pre} |")
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> list[str]:
+    by = {r["context"]: r for r in rows}
+    out = []
+    for ctx, need, kind in ((32768, 4.0, "decode"), (131072, 10.0, "decode"),
+                            (32768, 2.0, "prefill")):
+        r = by.get(ctx, {}).get(kind)
+        if r is None:
+            out.append(f"{kind} {ctx // 1024}K >= {need}x: not measured")
+        else:
+            verdict = "met" if r["speedup"] >= need else "NOT met"
+            out.append(f"{kind} {ctx // 1024}K >= {need}x: {r['speedup']:.2f}x wall, "
+                       f"{r['cpu_speedup']:.2f}x CPU time ({verdict} on wall time)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    malloc_tuned = False if args.system_malloc else keep_freed_memory()
+    cfg = replace(SparseConfig(), dense_len=-1)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+               "threads": torch.get_num_threads(), "python": platform.python_version(),
+               "load_avg_at_start": os.getloadavg(), "malloc_tuned": malloc_tuned,
+               **bandwidth_gbs()}
+    print(f"# {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
+          f"{machine['threads']} threads; copy {machine['copy_gbs']:.1f} GB/s (read+write), "
+          f"read {machine['read_gbs']:.1f} GB/s; dtype {args.dtype}; "
+          f"caches {'warm' if args.warm else 'flushed'}; glibc malloc "
+          f"{'thresholds raised' if malloc_tuned else 'defaults'}; "
+          f"load average {machine['load_avg_at_start'][0]:.1f}", flush=True)
+    rows = []
+    for length in contexts:
+        row = {"context": length, "decode": time_decode(length, cfg, dtype, args)}
+        print(f"  {length}: decode {row['decode']['dense_ms']:.2f} ms dense, "
+              f"{row['decode']['sparse_ms']:.2f} ms sparse", flush=True)
+        if length <= args.max_prefill:
+            row["prefill"] = time_prefill(length, cfg, dtype)
+            print(f"  {length}: prefill {row['prefill']['dense_s']:.2f} s dense, "
+                  f"{row['prefill']['sparse_s']:.2f} s sparse", flush=True)
+        rows.append(row)
+    machine["load_avg_at_end"] = os.getloadavg()
+    print()
+    print(table(rows))
+    print()
+    for line in targets(rows):
+        print(line)
+    result = {"benchmark": "infllmv2", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None
+                                                                else sys.argv[1:])),
+              "layer": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": args.dtype},
+              "sparse_config": cfg.to_dict(), "caches_flushed": not args.warm,
+              "machine": machine, "rows": rows, "targets": targets(rows)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""Collects the implementations under test: every tests/conformance/impls/*.py that defines
+`IMPL` (an `infllmv2_checks.Infllmv2Impl`), or `IMPLS` for several variants. Adding a backend is one such file; a file whose
+import fails (toolchain missing) is reported as skipped with the reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+_IMPLS_DIR = Path(__file__).parent / "impls"
+
+
+def _discover() -> list:
+    params = []
+    for path in sorted(_IMPLS_DIR.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        spec = importlib.util.spec_from_file_location(f"infllmv2_impl_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as e:
+            params.append(pytest.param(None, id=path.stem,
+                                       marks=pytest.mark.skip(reason=f"{path.name}: {e}")))
+            continue
+        impls = getattr(module, "IMPLS", None) or [getattr(module, "IMPL", None)]
+        if impls[0] is None:
+            raise RuntimeError(f"{path} defines no IMPL (an infllmv2_checks.Infllmv2Impl)")
+        params.extend(pytest.param(impl, id=impl.name) for impl in impls)
+    return params
+
+
+IMPLS = _discover()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "impl" in metafunc.fixturenames:
+        metafunc.parametrize("impl", IMPLS)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Run these many small ops on one thread: on a shared 2-core machine, OpenMP worker threads
+    spinning against other processes make tiny ops 100x slower than a single thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
