@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -15,4 +16,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON 
 DenseOpt = Annotated[
     bool,
     typer.Option("--dense", help="Run dense attention even when the config has a sparse_config."),
+]
+class InfLLMv2Impl(StrEnum):
+    fast = "fast"
+    reference = "reference"
+
+
+SparseImplOpt = Annotated[
+    InfLLMv2Impl,
+    typer.Option("--infllmv2", help="InfLLM v2 implementation for sparse-config models: the fast "
+                 "CPU path or the literal reference (slow; for checking)."),
 ]

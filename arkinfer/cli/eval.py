@@ -8,7 +8,13 @@ from typing import Annotated
 import typer
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import ModelArg, DenseOpt, JsonOpt
+from arkinfer.cli._options import (
+    DenseOpt,
+    InfLLMv2Impl,
+    JsonOpt,
+    ModelArg,
+    SparseImplOpt,
+)
 from arkinfer.cli._output import console, print_json
 from arkinfer.errors import ArkError
 
@@ -30,6 +36,7 @@ def command(
     max_windows: Annotated[int | None, typer.Option(help="Score only the first N windows.")] = None,
     json_out: JsonOpt = False,
     dense: DenseOpt = False,
+    infllmv2: SparseImplOpt = InfLLMv2Impl.fast,
 ) -> None:
     from rich.progress import Progress
 
@@ -42,7 +49,7 @@ def command(
         content = text.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ArkError(f"{text} is not UTF-8 text: {exc}", hint="convert it to UTF-8") from None
-    ckpt, net = load(model, dense=dense)
+    ckpt, net = load(model, dense=dense, sparse_impl=infllmv2.value)
     if ckpt.tokenizer is None:
         raise ArkError(f"{ckpt.path} has no tokenizer.json", hint="eval needs a tokenizer")
     ids = ckpt.tokenizer.encode(content, add_special_tokens=False)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import ModelArg, DenseOpt
+from arkinfer.cli._options import DenseOpt, InfLLMv2Impl, ModelArg, SparseImplOpt
 from arkinfer.cli._output import err_console
 from arkinfer.errors import ArkError
 
@@ -50,11 +50,12 @@ def command(
     raw: Annotated[bool, typer.Option("--raw", help="Continue the prompt as plain text, no chat template.")] = False,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     dense: DenseOpt = False,
+    infllmv2: SparseImplOpt = InfLLMv2Impl.fast,
 ) -> None:
     from arkinfer.frontend.checkpoint import load
     from arkinfer.generate import generate
 
-    ckpt, net = load(model, dense=dense)
+    ckpt, net = load(model, dense=dense, sparse_impl=infllmv2.value)
     tok = ckpt.tokenizer
     if tok is None:
         raise ArkError(f"{ckpt.path} has no tokenizer.json", hint="run needs a tokenizer; "

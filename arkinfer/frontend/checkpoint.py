@@ -122,11 +122,13 @@ def load_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> torch.nn
     return model.eval()
 
 
-def load(name: str | Path, dense: bool = False, dtype: torch.dtype = torch.float32
-         ) -> tuple[Checkpoint, torch.nn.Module]:
-    """Open and load in one call; `dense=True` forces dense attention on sparse-config models."""
+def load(name: str | Path, dense: bool = False, dtype: torch.dtype = torch.float32,
+         sparse_impl: str = "fast") -> tuple[Checkpoint, torch.nn.Module]:
+    """Open and load in one call. On sparse-config (InfLLM v2) models `dense=True` forces dense
+    attention and `sparse_impl` picks the "fast" CPU implementation or the literal "reference"."""
     ckpt = open_checkpoint(name)
     model = load_model(ckpt, dtype)
-    if dense and hasattr(model, "set_dense"):
-        model.set_dense(True)
+    if hasattr(model, "set_dense"):
+        model.set_dense(dense)
+        model.set_sparse_impl(sparse_impl)
     return ckpt, model

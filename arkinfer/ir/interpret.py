@@ -76,13 +76,8 @@ def _attention_kernel(node: Node, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     dense_len = int(sc.get("dense_len", 8192)) if sc else None
     if dense_len is None or (dense_len >= 0 and total < dense_len):
         return torch.ops.arkinfer.attention(q, k, v, scale)
-    try:
-        from arkinfer.ops.infllmv2 import SparseConfig, infllmv2_attention
-    except ImportError:
-        raise NotAvailableError(
-            f"%{node.name}: sparse_config selects InfLLM v2 at {total} tokens (dense_len="
-            f"{dense_len}) and arkinfer.ops.infllmv2 is not available in this build",
-            hint=f"keep the context under {dense_len} tokens, or trace with dense=True") from None
+    from arkinfer.ops.infllmv2 import SparseConfig, infllmv2_attention
+
     config = SparseConfig.from_dict(sc)
     if config.use_nope:
         raise NotAvailableError(f"%{node.name}: sparse_config.use_nope=true scores blocks with "

@@ -8,20 +8,26 @@ MiniCPM4 = Llama + three scales + LongRoPE + InfLLM v2 sparse attention (specs/m
 
 With `sparse_config` in config.json every layer is an InfLLM v2 layer: a forward call whose total
 length (cache + new tokens) is below `dense_len` runs dense attention — that is the InfLLM v2
-semantics, not a fallback — and a longer one runs the sparse path.
+semantics, not a fallback — and a longer one runs the sparse path (arkinfer.ops.infllmv2).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor
 
 from arkinfer.errors import NotAvailableError
 from arkinfer.models._config import ConfigReader
-from arkinfer.models.llama import Attention, LlamaConfig, LlamaForCausalLM, expected_weights
+from arkinfer.models.llama import (
+    Attention,
+    LlamaConfig,
+    LlamaForCausalLM,
+    expected_weights,
+)
+from arkinfer.ops.infllmv2.config import SparseConfig
 
 __all__ = ["MiniCPMConfig", "MiniCPMForCausalLM", "expected_weights"]
 
@@ -65,22 +71,42 @@ class MiniCPMConfig(LlamaConfig):
         return cls(**kw)
 
 
+SparseImpl = Literal["fast", "reference"]
+
+
 class MiniCPMAttention(Attention):
-    """GQA attention that switches to InfLLM v2 at `dense_len` when sparse_config is present."""
+    """GQA attention that switches to InfLLM v2 at `dense_len` when sparse_config is present.
+
+    `sparse_impl` picks the fast CPU implementation (default) or the literal reference; both are
+    held to the same conformance suite. Each call recompresses the keys of the whole cache
+    (state=None): correct for any call sequence, O(L) per decode step.
+    """
 
     force_dense: bool = False
+    sparse_impl: SparseImpl = "fast"
+
+    def __init__(self, cfg: MiniCPMConfig) -> None:
+        super().__init__(cfg)
+        self.sparse = SparseConfig.from_dict(cfg.sparse_config) if cfg.sparse_config else None
+        if self.sparse is not None and self.sparse.use_nope:
+            raise NotAvailableError(
+                "sparse_config.use_nope=true (block selection on pre-RoPE keys) is not wired into "
+                "the reference model yet", hint="set use_nope to false (MiniCPM4.1's value)")
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        # Read dense_len from self.cfg on every call: IR tracing swaps in a config whose
+        # dense_len is None so the dense op is traced (the IR node carries the sparse_config).
         dense_len = self.cfg.dense_len
-        total = k.shape[2]
-        if dense_len is None or self.force_dense or (dense_len >= 0 and total < dense_len):
+        if dense_len is None or self.force_dense or (0 <= k.shape[2] < dense_len):
             return super().attend(q, k, v)
-        raise NotAvailableError(
-            f"this model's sparse_config selects InfLLM v2 sparse attention at {total} tokens "
-            f"(dense_len={dense_len}), and InfLLM v2 is not available in this ArkInfer build yet",
-            hint="pass --dense to run dense attention on purpose, or keep the context under "
-            f"dense_len={dense_len}",
-        )
+        from arkinfer.ops import infllmv2
+        from arkinfer.ops.infllmv2 import reference
+
+        impl = infllmv2.infllmv2_attention if self.sparse_impl == "fast" else \
+            reference.infllmv2_attention
+        out, _state, _idx = impl(q, k, v, config=self.sparse, scale=1.0 / math.sqrt(self.d),
+                                 cache_len=k.shape[2] - q.shape[2])
+        return out
 
 
 class MiniCPMForCausalLM(LlamaForCausalLM):
@@ -90,6 +116,11 @@ class MiniCPMForCausalLM(LlamaForCausalLM):
         """Force dense attention everywhere (the `--dense` switch), e.g. to compare with sparse."""
         for layer in self.model.layers:
             layer.self_attn.force_dense = dense
+
+    def set_sparse_impl(self, impl: SparseImpl) -> None:
+        """Run InfLLM v2 with the fast CPU implementation or the literal reference."""
+        for layer in self.model.layers:
+            layer.self_attn.sparse_impl = impl
 
 
 MODEL_TYPES = ("minicpm",)

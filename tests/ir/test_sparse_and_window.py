@@ -3,18 +3,16 @@ attention op, and a sliding window as a graph constraint."""
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 import torch
 from ir_helpers import check_parity
 
 from arkinfer import ir
-from arkinfer.errors import ArkError, NotAvailableError
+from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
 from arkinfer.models.configs import SPARSE_CONFIG_4_1
 
-HAS_INFLLMV2 = importlib.util.find_spec("arkinfer.ops.infllmv2") is not None
 SPARSE = {**SPARSE_CONFIG_4_1, "dense_len": 24}
 
 
@@ -39,7 +37,6 @@ def test_below_dense_len_runs_dense_like_eager(sparse_model):
     check_parity(model, program, 7, steps=8)  # total 15 < dense_len 24
 
 
-@pytest.mark.skipif(not HAS_INFLLMV2, reason="arkinfer.ops.infllmv2 is not in this build")
 def test_sparse_path_runs_infllmv2(sparse_model, monkeypatch):
     """Spec invariant 1: below budget * block_size (6144 here) every block is selected, so the
     sparse path (taken from total 24 on) equals dense attention."""
@@ -66,14 +63,6 @@ def test_sparse_path_runs_infllmv2(sparse_model, monkeypatch):
         assert (sparse_out - dense_out).abs().max() <= 1e-5 * dense_out.abs().max()
     layers = program.num_layers
     assert calls == [0] * layers + [30] * layers + [31] * layers + [32] * layers
-
-
-@pytest.mark.skipif(HAS_INFLLMV2, reason="arkinfer.ops.infllmv2 exists: the sparse path runs")
-def test_sparse_path_without_infllmv2_is_a_clear_error(sparse_model):
-    _, program = sparse_model
-    ids = torch.zeros(1, 30, dtype=torch.long)
-    with pytest.raises(NotAvailableError, match="InfLLM v2.*dense_len=24"):
-        ir.step(program, "prefill", ids, torch.arange(30), ir.empty_cache(program))
 
 
 @pytest.fixture(scope="module")
