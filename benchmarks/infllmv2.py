@@ -17,7 +17,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from machine import machine_info
 
 from arkinfer.ops.infllmv2 import (
     SparseConfig,
@@ -77,16 +77,6 @@ def keep_freed_memory() -> bool:
 
 
 # -- machine ------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def bandwidth_gbs(mib: int = 512) -> dict[str, float]:
     """Best of 5: copy (bytes read + written per second) and read-only (sum) of `mib` MiB."""
     a = torch.ones(mib * 2**20 // 4)
@@ -259,10 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     malloc_tuned = False if args.system_malloc else keep_freed_memory()
     cfg = replace(SparseConfig(), dense_len=-1)
     contexts = [int(c) for c in args.contexts.split(",")]
-    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
-               "threads": torch.get_num_threads(), "python": platform.python_version(),
-               "load_avg_at_start": os.getloadavg(), "malloc_tuned": malloc_tuned,
-               **bandwidth_gbs()}
+    machine = machine_info(threads=torch.get_num_threads(), load_avg_at_start=os.getloadavg(),
+                           malloc_tuned=malloc_tuned, **bandwidth_gbs())
     print(f"# {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
           f"{machine['threads']} threads; copy {machine['copy_gbs']:.1f} GB/s (read+write), "
           f"read {machine['read_gbs']:.1f} GB/s; dtype {args.dtype}; "

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
+from machine import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,19 +46,8 @@ def run(text_path: Path, ctx: int, max_windows: int | None = None) -> dict:
         "reference": {**ref.as_dict(), "seconds": t1 - t0},
         "llama_cpp": {**cpp.as_dict(), "seconds": t2 - t1},
         "relative_difference": abs(ref.ppl - cpp.ppl) / cpp.ppl,
-        "machine": {"cpu": _cpu(), "cores": torch.get_num_threads(), "python": platform.python_version(),
-                    "torch": torch.__version__},
+        "machine": machine_info(threads=torch.get_num_threads()),
     }
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main() -> None:
