@@ -13,7 +13,7 @@ import typer
 
 from arkinfer import __version__
 
-VERBS = ["targets", "inspect", "run", "eval", "import_"]
+VERBS = ["targets", "inspect", "run", "eval", "import_", "quantize"]
 
 app = typer.Typer(
     name="arkinfer",

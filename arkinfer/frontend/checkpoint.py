@@ -110,7 +110,14 @@ def check_weights(expected: dict[str, tuple[int, ...]], weights: LazyWeights, so
 
 
 def load_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """The reference model with the checkpoint's weights (strict), in `dtype`, in eval mode."""
+    """The reference model with the checkpoint's weights (strict), in `dtype`, in eval mode.
+
+    A quantised checkpoint (config.json with `quantization_config`) is unpacked by its format's
+    reference unpack into dequantised float weights."""
+    if "quantization_config" in ckpt.raw_config:
+        from arkinfer.quant.load import load_quantized_model
+
+        return load_quantized_model(ckpt, dtype)
     with torch.device("meta"):
         model = models.build_model(ckpt.config)
     expected = models.module_for(ckpt.raw_config).expected_weights(model)

@@ -1,0 +1,168 @@
+"""What every calibration handler shares: the context it runs in and what it reports.
+
+A handler (torchao style: a frozen config dataclass -> a handler, see `registry.py`) takes one
+`BlockRunner` and quantises the block's linears in place: every linear it quantises is checked
+against the storage format first; a refused linear stays in float and is reported (fatal with
+`strict`), a quantised one is replaced by its dequantised weight so later captures and the next
+block's inputs see the quantised model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..formats import Format, FormatError
+from ..weight import QuantizedWeight
+from .block import BlockRunner
+
+Status = Literal["quantised", "refused", "skipped"]
+
+
+@dataclass
+class LinearReport:
+    """One linear's outcome. snr_db: 10·log10(‖XWᵀ‖² / ‖X(W-Ŵ)ᵀ‖²) on its calibration inputs."""
+
+    name: str
+    status: Status
+    recipe: str
+    snr_db: float | None = None
+    reason: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = {"name": self.name, "status": self.status, "recipe": self.recipe,
+             "snr_db": None if self.snr_db is None else round(self.snr_db, 3)}
+        if self.reason:
+            d["reason"] = self.reason
+        d.update(self.extra)
+        return d
+
+
+@dataclass
+class BlockResult:
+    """quantized / floats: full tensor-owner names -> canonical weight / changed float tensor
+    (e.g. AWQ's rescaled norm weights, keyed by the tensor name `...input_layernorm.weight`)."""
+
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    floats: dict[str, Tensor] = field(default_factory=dict)
+    reports: list[LinearReport] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CalibContext:
+    """fmt: the storage format (checked per linear); skip: full linear names kept in float;
+    strict: a refused linear raises instead of staying float; scale_dtype: dtype scales are
+    rounded through (float16 for every format that stores fp16 scales)."""
+
+    fmt: Format
+    skip: frozenset[str] = frozenset()
+    strict: bool = False
+    scale_dtype: torch.dtype | None = torch.float16
+
+
+class StrictError(FormatError):
+    """--strict and the format cannot take a layer."""
+
+
+def hessian_snr_db(w: Tensor, w_hat: Tensor, h: Tensor, rows: int = 512) -> float | None:
+    """Output SNR from the Hessian: tr(W H Wᵀ) / tr(ΔW H ΔWᵀ) in dB (None without tokens).
+    float32 products over chunks of rows (no n x n float64 copy), sums in float64."""
+    signal = noise = 0.0
+    hf = h.float()
+    for r0 in range(0, w.shape[0], rows):
+        wc = w[r0:r0 + rows].float()
+        dc = wc - w_hat[r0:r0 + rows].float()
+        signal += float(((wc @ hf) * wc).sum(dtype=torch.float64))
+        noise += float(((dc @ hf) * dc).sum(dtype=torch.float64))
+    return snr_from(signal, noise)
+
+
+def snr_from(signal: float, noise: float) -> float | None:
+    if signal <= 0:
+        return None
+    if noise <= 0:
+        return math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def output_snr_db(reference: Tensor, inputs: Tensor, outputs: Tensor, mask: Tensor) -> float | None:
+    """Block SNR of the residual *update*: ‖ref - x‖² / ‖ref - out‖² over real tokens (the
+    residual stream itself would hide the error)."""
+    m = mask.to(reference.dtype)[..., None]
+    signal = float((((reference - inputs) * m) ** 2).double().sum())
+    noise = float((((reference - outputs) * m) ** 2).double().sum())
+    return snr_from(signal, noise)
+
+
+def trim_heap() -> None:
+    """Give freed heap memory back to the OS (glibc `malloc_trim`; a no-op elsewhere).
+
+    Blocks allocate and free many large, differently sized tensors; glibc keeps the freed memory
+    in its arenas, so without this the resident set creeps up block after block."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
+
+
+class BlockCalibrator:
+    """Base handler. Subclasses implement `quantize_block` and `quantize_tail`."""
+
+    name: str = "?"
+    # True: the handler's first forward runs the whole pristine block, which records the float
+    # reference the block SNR is measured against; False: the driver runs one first.
+    records_reference: bool = True
+
+    def describe(self) -> str:
+        return self.name
+
+    def quantize_block(self, runner: BlockRunner, ctx: CalibContext) -> BlockResult:
+        raise NotImplementedError
+
+    def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
+                      ctx: CalibContext) -> QuantizedWeight:
+        """A linear outside the blocks (lm_head), given its input Hessian when captured."""
+        raise NotImplementedError
+
+    # --------------------------------------------------------------------------- helpers
+    def skip_report(self, runner: BlockRunner, name: str, ctx: CalibContext) -> LinearReport | None:
+        full = runner.full(name)
+        if full in ctx.skip:
+            return LinearReport(full, "skipped", "float", reason="matches a skip pattern")
+        return None
+
+    def accept(self, runner: BlockRunner, name: str, qw: QuantizedWeight, ctx: CalibContext,
+               result: BlockResult, h: Tensor | None, original: Tensor | None = None,
+               extra: dict | None = None) -> bool:
+        """Check `qw` against the format; install it (or keep float and report the refusal).
+        `original` is the weight Ŵ is compared with (default: the linear's current weight)."""
+        full = runner.full(name)
+        try:
+            ctx.fmt.check(qw, full)
+        except FormatError as exc:
+            if ctx.strict:
+                raise StrictError(exc.message, exc.hint) from None
+            result.reports.append(LinearReport(full, "refused", "float", reason=exc.message))
+            return False
+        w = runner.weight(name) if original is None else original
+        w_hat = qw.dequantize()
+        snr = hessian_snr_db(w, w_hat, h) if h is not None else None
+        runner.set_weight(name, w_hat)
+        trim_heap()
+        result.quantized[full] = qw
+        result.reports.append(LinearReport(full, "quantised", self.describe(), snr,
+                                           extra=extra or {}))
+        return True

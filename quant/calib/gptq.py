@@ -1,0 +1,252 @@
+"""GPTQ (Frantar et al., reference `IST-DASLab/gptq`), specs/quant.md §2.
+
+`gptq_quantize(w, H, ...)` quantises one linear layer given its Hessian `H = (2/N) Σ x xᵀ`:
+
+1. dead columns (`H[i,i] == 0`): `H[i,i] = 1`, weight column zeroed;
+2. act-order: columns permuted by descending `diag(H)` (stable sort);
+3. damping `damp · mean(diag(H))` on the diagonal; if a Cholesky factorisation fails the damping
+   is multiplied by 10 and tried again (up to 1.0 · mean(diag) and beyond, 8 tries);
+4. `U = cholesky_upper(inverse(H))`; columns processed in blocks (128) with lazy batch updates:
+   quantise column i, `e = (w - q) / U[i,i]`, `W[:, i:] -= e ⊗ U[i, i:]` inside the block, then
+   `W[:, later] -= E_block @ U[block, later]` once per block.
+
+Group parameters (scale, zero) come from `rtn.find_params` so codes and scales follow §1 exactly:
+- natural order (no act-order), or act-order without static groups: parameters are computed when
+  the group's first column is reached, from the error-compensated weights at that moment; with
+  act-order the groups are consecutive *permuted* columns and `g_idx[k]` records each column's group;
+- static groups (`static_groups=True`, and always for `group_size=-1`): parameters of the groups
+  `k // group_size` are computed up front from the original weights; `g_idx = k // group_size`.
+
+The block size is adjusted so a group never straddles a block boundary except at a block start
+(then the group's parameters read fully updated weights), which keeps the blocked algorithm equal,
+up to float rounding, to the plain column-by-column one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..rtn import find_params, quantize_rtn, quantize_with
+from ..weight import UNIFORM_BITS, QuantError, QuantizedWeight
+from .base import BlockCalibrator, BlockResult, CalibContext
+from .block import SEQUENTIAL_GROUPS, BlockRunner
+from .hessian import prefix_mask
+
+DEFAULT_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class GPTQResult:
+    """weight: the canonical result; damp: the damping fraction finally used (>= the requested
+    one when Cholesky needed a retry); dead_columns: inputs never active; loss: GPTQ's proxy
+    `Σ (w - q)² / (2 U[i,i]²)`."""
+
+    weight: QuantizedWeight
+    damp: float
+    dead_columns: int
+    loss: float
+
+
+def inverse_cholesky(h: torch.Tensor, damp: float, name: str = "",
+                     tries: int = 8) -> tuple[torch.Tensor, float]:
+    """Upper Cholesky factor of `inverse(H + damp·mean(diag H)·I)` [n, n], and the damping used.
+
+    `h` is damped IN PLACE (callers pass a private copy; no second n x n copy is made). Retries
+    with 10x the damping when a factorisation fails (ill-conditioned H, e.g. few tokens).
+    """
+    if damp < 0:
+        raise QuantError(f"damp={damp} for {name or 'a layer'!r} is negative",
+                         "use a damping fraction such as 0.01")
+    mean_diag = torch.mean(torch.diag(h))
+    diag = h.diagonal()
+    d, added = damp, 0.0
+    for _ in range(tries):
+        diag += (d - added) * mean_diag
+        added = d
+        lower, info = torch.linalg.cholesky_ex(h)
+        if int(info) == 0:
+            inv = torch.cholesky_inverse(lower)
+            del lower
+            upper, info = torch.linalg.cholesky_ex(inv, upper=True)
+            del inv
+            if int(info) == 0 and bool(torch.isfinite(upper).all()):
+                return upper, d
+        d = d * 10 if d > 0 else 0.01
+    raise QuantError(f"the Hessian of {name or 'a layer'!r} is not positive definite even with "
+                     f"damping {added:g} x mean(diag)", "give more calibration tokens (--samples) "
+                     "or check the layer's inputs for inf/nan")
+
+
+def block_size_for(group_size: int, block_size: int = DEFAULT_BLOCK) -> int:
+    """A block size such that every group either lies inside one block or starts a block."""
+    if group_size == -1 or block_size % group_size == 0 or group_size % block_size == 0:
+        return block_size
+    return group_size * max(1, block_size // group_size)
+
+
+def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
+                  group_size: int = 128, sym: bool = True, act_order: bool = False,
+                  static_groups: bool = False, damp: float = 0.01,
+                  block_size: int = DEFAULT_BLOCK, scale_dtype: torch.dtype | None = None,
+                  dtype: torch.dtype = torch.float32, name: str = "") -> GPTQResult:
+    """GPTQ of `w` [out, in] with Hessian [in, in] -> canonical weight (codes in the original
+    column order). `dtype` is the working precision of the error updates (float32 as the
+    reference; float64 for tests)."""
+    if bits not in UNIFORM_BITS:
+        raise QuantError(f"bits={bits} for {name or 'a layer'!r} is not supported by GPTQ; "
+                         f"allowed {UNIFORM_BITS}", "pick one of the allowed bit widths")
+    if w.dim() != 2:
+        raise QuantError(f"weight {name!r} has shape {tuple(w.shape)}; GPTQ takes [out, in]",
+                         "reshape it to [out_features, in_features]")
+    out, cols = w.shape
+    if tuple(hessian.shape) != (cols, cols):
+        raise QuantError(f"Hessian of {name!r} has shape {tuple(hessian.shape)}; expected "
+                         f"[{cols}, {cols}] for in_features={cols}",
+                         "accumulate it from this layer's inputs")
+    if group_size != -1 and (group_size <= 0 or cols % group_size):
+        ok = [g for g in (32, 64, 128, 256) if cols % g == 0]
+        raise QuantError(f"group_size={group_size} does not divide in_features={cols} of "
+                         f"{name or 'the weight'!r}", f"use -1 or one of {ok or 'its divisors'}")
+    size = cols if group_size == -1 else group_size
+    n_groups = cols // size
+    W = w.detach().to(dtype).clone()
+    dead = torch.diag(hessian) == 0
+    W[:, dead] = 0
+
+    scales = torch.zeros(out, n_groups, dtype=torch.float32)
+    zeros = torch.zeros(out, n_groups, dtype=torch.float32)
+    static = group_size == -1 or static_groups
+    if static:
+        for g in range(n_groups):
+            s, z = find_params(W[:, g * size:(g + 1) * size], bits, sym, scale_dtype)
+            scales[:, g], zeros[:, g] = s[:, 0], z[:, 0]
+
+    diag_h = torch.diag(hessian).to(dtype).clone()
+    diag_h[dead] = 1
+    perm = torch.argsort(diag_h, descending=True, stable=True) if act_order else None
+    if perm is not None:
+        W = W[:, perm]
+        H = hessian.detach()[perm][:, perm].to(dtype)
+    else:
+        H = hessian.detach().to(dtype, copy=True)
+    H.diagonal().copy_(diag_h if perm is None else diag_h[perm])  # dead columns: H[i,i] = 1
+    U, damp_used = inverse_cholesky(H, damp, name)
+    del H
+
+    codes = torch.zeros(out, cols, dtype=torch.uint8)  # permuted column order
+    perm_list = perm.tolist() if perm is not None else None
+    block = block_size_for(group_size, block_size)
+    loss = torch.zeros((), dtype=torch.float64)
+    s = z = None
+    for i1 in range(0, cols, block):
+        i2 = min(i1 + block, cols)
+        W1 = W[:, i1:i2].clone()
+        err_block = torch.zeros_like(W1)
+        U1 = U[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            c = i1 + i
+            if static:
+                g = (perm_list[c] if perm_list is not None else c) // size
+                s, z = scales[:, g:g + 1], zeros[:, g:g + 1]
+            elif c % size == 0:
+                src = W[:, c:c + size] if i == 0 else W1[:, i:i + size]
+                s, z = find_params(src, bits, sym, scale_dtype)
+                scales[:, c // size], zeros[:, c // size] = s[:, 0], z[:, 0]
+            col = W1[:, i]
+            q = quantize_with(col[:, None], s, z, bits)[:, 0]
+            codes[:, c] = q
+            deq = (s[:, 0] * (q.float() - z[:, 0])).to(dtype)
+            err = (col - deq) / U1[i, i]
+            loss += (err.double() ** 2).sum() / 2
+            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
+            err_block[:, i] = err
+        W[:, i2:] -= err_block @ U[i1:i2, i2:]
+
+    g_idx = None
+    if perm is not None:
+        inv = torch.argsort(perm)
+        codes = codes[:, inv]
+        if not static:
+            g_idx = (inv // size).to(torch.int32)  # column k sits at permuted position inv[k]
+    qw = QuantizedWeight(codes=codes, scales=scales, zeros=zeros.to(torch.int32), bits=bits,
+                         group_size=group_size, sym=sym, g_idx=g_idx, name=name)
+    return GPTQResult(qw, damp_used, int(dead.sum()), float(loss))
+
+
+@dataclass(frozen=True)
+class GPTQConfig:
+    """GPTQ settings (AutoGPTQ names in brackets): bits, group_size, sym, act_order [desc_act],
+    static_groups, damp [damp_percent], block_size, true_sequential; prefix_skip: positions at
+    the start of every calibration sequence left out of the Hessian (0 = GPTQ, 4 = P-GPTQ)."""
+
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = True
+    act_order: bool = False
+    static_groups: bool = False
+    damp: float = 0.01
+    block_size: int = DEFAULT_BLOCK
+    true_sequential: bool = True
+    prefix_skip: int = 0
+
+
+class GPTQCalibrator(BlockCalibrator):
+    """Block handler: Hessians captured group by group ([q,k,v] -> [o] -> [gate,up] -> [down]),
+    each group quantised before the next group's inputs are captured (true-sequential)."""
+
+    name = "gptq"
+
+    def __init__(self, config: GPTQConfig) -> None:
+        self.config = config
+
+    def describe(self) -> str:
+        c = self.config
+        text = (f"{self.name} {c.bits}-bit g{c.group_size} {'sym' if c.sym else 'asym'}"
+                f"{' act-order' if c.act_order else ''}{' static-groups' if c.static_groups else ''}")
+        return text + (f" skip-prefix {c.prefix_skip}" if c.prefix_skip else "")
+
+    def _quantize(self, w: Tensor, h: Tensor, name: str, ctx: CalibContext) -> GPTQResult:
+        c = self.config
+        return gptq_quantize(w, h, bits=c.bits, group_size=c.group_size, sym=c.sym,
+                             act_order=c.act_order, static_groups=c.static_groups, damp=c.damp,
+                             block_size=c.block_size, scale_dtype=ctx.scale_dtype, name=name)
+
+    @torch.no_grad()
+    def quantize_block(self, runner: BlockRunner, ctx: CalibContext) -> BlockResult:
+        result = BlockResult()
+        keep = prefix_mask(runner.mask, self.config.prefix_skip)
+        passes = ([[g] for g in SEQUENTIAL_GROUPS] if self.config.true_sequential
+                  else [list(SEQUENTIAL_GROUPS)])
+        for groups in passes:
+            todo = []
+            for group in groups:
+                names = []
+                for name in group:
+                    report = self.skip_report(runner, name, ctx)
+                    if report is not None:
+                        result.reports.append(report)
+                    else:
+                        names.append(name)
+                if names:
+                    todo.append(names)
+            if not todo:
+                continue
+            accs = runner.hessians([names[0] for names in todo], keep)
+            for names in todo:
+                h = accs.pop(names[0]).hessian(release=True)
+                for name in names:
+                    res = self._quantize(runner.weight(name), h, runner.full(name), ctx)
+                    self.accept(runner, name, res.weight, ctx, result, h,
+                                extra={"damp": res.damp, "dead_columns": res.dead_columns})
+        return result
+
+    def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
+                      ctx: CalibContext) -> QuantizedWeight:
+        if h is None:
+            c = self.config
+            return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=ctx.scale_dtype,
+                                name=name)
+        return self._quantize(w, h, name, ctx).weight

@@ -1,0 +1,290 @@
+"""Layer streaming: calibrate a checkpoint one decoder block at a time, resumable.
+
+    run = calibrate("./model", recipe, calib, work_dir="./out.work", progress=cb)
+    # then quant.export.export_folder(run, "./out") writes the quantised HF folder
+
+1. the embedding of the calibration ids gives block 0's inputs [N, T, H] (float32);
+2. for each block i: its tensors are read from the memory-mapped checkpoint (`LazyWeights`) into
+   a block built on the meta device; the handler quantises it (true-sequential inside the
+   block); the quantised block runs on the inputs to give block i+1's inputs;
+3. after a block, `block_XXXX.safetensors` (canonical codes/scales/zeros/g_idx of every
+   quantised linear, changed float tensors, the block's report) and `hidden.safetensors` (the
+   next block's inputs, fp32 bit-exact) are written to the work dir (temp name + rename), then
+   `progress(i, n_layers, seconds)` is called;
+4. with `resume=True` a work dir whose `run.json` key matches (source, config, recipe, options,
+   calibration hash, batch) continues after the last block whose inputs were saved; the result
+   is identical to an uninterrupted run (same ops in the same order on the same inputs);
+5. `lm_head` (only when the recipe does not skip it) is quantised last from the final normed
+   hidden states.
+
+Peak memory: one float32 block + its Hessians + calibration activations (a few [N, T, H]
+tensors), never the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from arkinfer import models
+from arkinfer.errors import CheckpointError
+from arkinfer.frontend.checkpoint import Checkpoint, check_weights, open_checkpoint
+
+from ..calib_data import CalibData
+from ..formats import FormatError, get_format
+from ..recipe import QuantRecipe
+from ..weight import Kind, QuantError, QuantizedWeight
+from .base import CalibContext, StrictError, hessian_snr_db, output_snr_db, trim_heap
+from .block import LINEARS, BlockRunner
+from .hessian import HessianAccumulator
+from .registry import config_as_dict, config_for, handler_for
+
+ProgressFn = Callable[[int, int, float], None]
+WORK_VERSION = 1
+
+
+@dataclass
+class CalibrationRun:
+    """The outcome of `calibrate`: everything export needs (tensors stay in `work_dir`)."""
+
+    source: Path
+    work_dir: Path
+    recipe: QuantRecipe
+    config: dict
+    calib: dict
+    n_layers: int
+    blocks: list[dict] = field(default_factory=list)
+    tail: dict | None = None
+    seconds: float = 0.0
+
+
+# ----------------------------------------------------------------------------- serialisation
+def save_weights(path: Path, quantized: dict[str, QuantizedWeight], floats: dict[str, Tensor],
+                 info: dict) -> None:
+    """Canonical weights + float tensors + a JSON report in one safetensors file (atomic)."""
+    tensors: dict[str, Tensor] = {}
+    meta: dict[str, Any] = {"linears": {}, "floats": sorted(floats), "info": info}
+    for name, qw in quantized.items():
+        tensors[f"{name}.codes"] = qw.codes
+        tensors[f"{name}.scales"] = qw.scales
+        tensors[f"{name}.zeros"] = qw.zeros
+        if qw.g_idx is not None:
+            tensors[f"{name}.g_idx"] = qw.g_idx
+        meta["linears"][name] = {"bits": qw.bits, "group_size": qw.group_size, "sym": qw.sym,
+                                 "kind": str(qw.kind)}
+    for name, t in floats.items():
+        tensors[name] = t.detach().float().contiguous()
+    _atomic_save(path, tensors, {"json": json.dumps(meta, sort_keys=True)})
+
+
+def load_weights(path: Path) -> tuple[dict[str, QuantizedWeight], dict[str, Tensor], dict]:
+    """Inverse of save_weights -> (quantized, floats, info)."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["json"])
+        keys = set(f.keys())
+        quantized = {}
+        for name, m in meta["linears"].items():
+            g_idx = f.get_tensor(f"{name}.g_idx") if f"{name}.g_idx" in keys else None
+            quantized[name] = QuantizedWeight(
+                f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scales"),
+                f.get_tensor(f"{name}.zeros"), m["bits"], m["group_size"], m["sym"], g_idx,
+                Kind(m["kind"]), name)
+        floats = {n: f.get_tensor(n) for n in meta["floats"]}
+    return quantized, floats, meta["info"]
+
+
+def _atomic_save(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+
+
+def block_file(work_dir: Path, i: int) -> Path:
+    return work_dir / f"block_{i:04d}.safetensors"
+
+
+# --------------------------------------------------------------------------------- helpers
+def load_block(model: nn.Module, ckpt: Checkpoint, i: int) -> nn.Module:
+    """Decoder block i with float32 copies of its tensors (the rest of the model stays meta)."""
+    layer = model.model.layers[i]
+    prefix = f"model.layers.{i}."
+    state = {n: ckpt.weights.get(prefix + n).to(torch.float32, copy=True)
+             for n in layer.state_dict()}
+    layer.load_state_dict(state, strict=True, assign=True)
+    for p in layer.parameters():
+        p.requires_grad_(False)
+    return layer
+
+
+def release_maps(ckpt: Checkpoint) -> None:
+    """Close LazyWeights' cached safetensors handles, unmapping the files: pages a block touched
+    would otherwise stay mapped and count in this process's RSS until the whole model is."""
+    handles = getattr(ckpt.weights, "_handles", None)
+    if isinstance(handles, dict):
+        handles.clear()
+
+
+def _run_key(ckpt: Checkpoint, recipe: QuantRecipe, config: dict, calib: CalibData,
+             batch: int) -> str:
+    files = sorted({(i.file.name, i.file.stat().st_size) for i in ckpt.weights.infos.values()})
+    payload = {"version": WORK_VERSION, "source": str(ckpt.path.resolve()), "files": files,
+               "config": ckpt.raw_config, "recipe": dataclasses.asdict(recipe), "calib_config":
+               config, "calib": calib.sha256, "batch": batch}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _start_point(work_dir: Path, key: str, resume: bool, n_layers: int) -> tuple[int, Tensor | None]:
+    """(first block to process, its inputs or None = start from the embedding)."""
+    run_json, hidden = work_dir / "run.json", work_dir / "hidden.safetensors"
+    if resume and run_json.is_file():
+        stored = json.loads(run_json.read_text())
+        if stored.get("key") != key:
+            raise QuantError(f"work dir {work_dir} holds a run with different settings (source, "
+                             "recipe, options or calibration data)",
+                             f"rerun without --resume to start over, or delete {work_dir}")
+        if hidden.is_file():
+            with safe_open(str(hidden), framework="pt") as f:
+                after = int(f.metadata()["after_block"])
+                x = f.get_tensor("hidden")
+            missing = [i for i in range(after + 1) if not block_file(work_dir, i).is_file()]
+            if not missing:
+                return after + 1, x
+        return 0, None
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True)
+    run_json.write_text(json.dumps({"key": key, "n_layers": n_layers}) + "\n")
+    return 0, None
+
+
+def _skip_set(recipe: QuantRecipe, n_layers: int) -> frozenset[str]:
+    return frozenset(f"model.layers.{i}.{n}" for i in range(n_layers) for n in LINEARS
+                     if recipe.skips(f"model.layers.{i}.{n}"))
+
+
+# ------------------------------------------------------------------------------------ main
+@torch.no_grad()
+def calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: CalibData,
+              work_dir: str | Path, *, options: dict[str, Any] | None = None,
+              resume: bool = False, strict: bool = False, batch: int | None = None,
+              progress: ProgressFn | None = None) -> CalibrationRun:
+    """Quantise every decoder block of `source` with `recipe` on `calib`, streaming.
+
+    options: extra fields of the algorithm's config (e.g. {"damp": 0.05, "static_groups": True}).
+    strict: a linear the format cannot take raises StrictError (else it stays float, reported).
+    batch: sequences per forward (default: about 4096 tokens).
+    """
+    t_start = time.perf_counter()
+    ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, with_tokenizer=False)
+    check_source(ckpt)
+    cfg = ckpt.config
+    with torch.device("meta"):
+        model = models.build_model(cfg)
+    check_weights(models.module_for(ckpt.raw_config).expected_weights(model), ckpt.weights,
+                  ckpt.path)
+    config = config_for(recipe, **(options or {}))
+    handler = handler_for(config)
+    fmt = get_format(recipe.format)
+    n_layers = cfg.num_hidden_layers
+    ctx = CalibContext(fmt, _skip_set(recipe, n_layers), strict,
+                       torch.float16 if fmt.constraints.scale_dtype == "float16" else None)
+    seq_len = calib.seq_len
+    batch = batch or max(1, 4096 // seq_len)
+    work_dir = Path(work_dir)
+    key = _run_key(ckpt, recipe, config_as_dict(config), calib, batch)
+    start, x = _start_point(work_dir, key, resume, n_layers)
+    mask = calib.mask
+    if x is None:
+        emb = ckpt.weights.get("model.embed_tokens.weight")
+        x = nn.functional.embedding(calib.ids, emb).float() * cfg.embedding_scale
+        del emb
+        release_maps(ckpt)
+    rope = cfg.inv_freq(seq_len)
+    for i in range(start, n_layers):
+        t0 = time.perf_counter()
+        layer = load_block(model, ckpt, i)
+        release_maps(ckpt)
+        runner = BlockRunner(layer, f"model.layers.{i}.", x, mask, rope, batch)
+        if not handler.records_reference:
+            runner.ensure_reference()
+        result = handler.quantize_block(runner, ctx)
+        if runner.reference is None:
+            raise RuntimeError(f"handler {handler.name} did not run the float block first")
+        y = runner.run()
+        info = {"block": i, "seconds": round(time.perf_counter() - t0, 3),
+                "block_snr_db": _round(output_snr_db(runner.reference, x, y, mask)),
+                "linears": [r.as_dict() for r in result.reports]}
+        save_weights(block_file(work_dir, i), result.quantized, result.floats, info)
+        _atomic_save(work_dir / "hidden.safetensors", {"hidden": y.contiguous()},
+                     {"after_block": str(i)})
+        model.model.layers[i] = layer.to("meta")
+        del runner, layer, result
+        trim_heap()
+        x = y
+        if progress is not None:
+            progress(i, n_layers, info["seconds"])
+    blocks = [load_weights(block_file(work_dir, i))[2] for i in range(n_layers)]
+    tail = _tail(ckpt, recipe, handler, ctx, x, mask, work_dir)
+    return CalibrationRun(ckpt.path, work_dir, recipe, config_as_dict(config),
+                          calib.describe(), n_layers, blocks, tail,
+                          round(time.perf_counter() - t_start, 3))
+
+
+def _tail(ckpt: Checkpoint, recipe: QuantRecipe, handler, ctx: CalibContext, x: Tensor,
+          mask: Tensor, work_dir: Path) -> dict | None:
+    """Quantise lm_head unless the recipe skips it (inputs: final norm of the last hidden)."""
+    path = work_dir / "tail.safetensors"
+    if recipe.skips("lm_head"):
+        path.unlink(missing_ok=True)
+        return None
+    cfg = ckpt.config
+    name = "lm_head"
+    w_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    w = ckpt.weights.get(w_name).to(torch.float32, copy=True)
+    norm_w = ckpt.weights.get("model.norm.weight").float()
+    release_maps(ckpt)
+    h = torch.ops.arkinfer.rms_norm(x, norm_w, cfg.rms_norm_eps) / cfg.logit_divisor
+    acc = HessianAccumulator(w.shape[1], name)
+    acc.add(h, mask)
+    hess = acc.hessian() if acc.count else None
+    t0 = time.perf_counter()
+    qw = handler.quantize_tail(name, w, hess, ctx)
+    info: dict[str, Any] = {"name": name, "recipe": handler.describe()}
+    try:
+        ctx.fmt.check(qw, name)
+    except FormatError as exc:
+        if ctx.strict:
+            raise StrictError(exc.message, exc.hint) from None
+        info.update(status="refused", reason=exc.message)
+        save_weights(path, {}, {}, info)
+        return info
+    info.update(status="quantised", seconds=round(time.perf_counter() - t0, 3),
+                snr_db=_round(hessian_snr_db(w, qw.dequantize(), hess) if hess is not None
+                              else None))
+    save_weights(path, {name: qw}, {}, info)
+    return info
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def check_source(ckpt: Checkpoint) -> None:
+    """Raise when the checkpoint is already quantised (calibration needs float weights)."""
+    if "quantization_config" in ckpt.raw_config:
+        raise CheckpointError(f"{ckpt.path} is already quantised "
+                              f"({ckpt.raw_config['quantization_config'].get('quant_method')})",
+                              hint="quantise the original float checkpoint")

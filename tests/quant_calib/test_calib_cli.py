@@ -1,0 +1,77 @@
+"""`arkinfer quantize` through a Typer app built around the command (main.py registers it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from arkinfer.cli import quantize
+from arkinfer.frontend.synthetic import write_checkpoint
+from arkinfer.models.configs import tiny_config
+
+DEMO = Path(__file__).resolve().parents[2] / "arkinfer" / "demo"
+
+
+@pytest.fixture(scope="module")
+def app():
+    app = typer.Typer(pretty_exceptions_enable=False)
+    app.command(name="quantize", help=quantize.HELP)(quantize.command)
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def model_with_tokenizer(tmp_path_factory):
+    extra = {n: (DEMO / n).read_text() for n in ("tokenizer.json", "tokenizer_config.json")}
+    return write_checkpoint(tmp_path_factory.mktemp("tok"),
+                            tiny_config("minicpm", vocab_size=2048, hidden_size=192,
+                                        num_attention_heads=6, num_key_value_heads=2),
+                            extra_files=extra)
+
+
+def invoke(app, *args):
+    result = CliRunner().invoke(app, ["quantize", *map(str, args)])
+    return result.exit_code, result.stdout + (result.stderr if result.stderr_bytes else "")
+
+
+def test_quantize_json(app, model_with_tokenizer, tmp_path):
+    code, out = invoke(app, model_with_tokenizer, "--method", "pgptq", "--group-size", "64",
+                       "--samples", "4", "--seq-len", "32", "-o", tmp_path / "q", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["recipe"] == "pgptq 4-bit g64 sym -> gptq"
+    assert data["calibration"]["samples"] == 4 and len(data["calibration_sha256"]) == 64
+    assert data["quantised_linears"] == 14 and data["bits_per_weight"] > 4
+    assert (tmp_path / "q" / "tokenizer.json").is_file()
+    assert not (tmp_path / "q.work").exists()
+
+
+def test_quantize_table_lists_refused_layers_and_strict_fails(app, model_with_tokenizer, tmp_path):
+    code, out = invoke(app, model_with_tokenizer, "--preset", "marlin", "--group-size", "64",
+                       "--samples", "2", "--seq-len", "16", "-o", tmp_path / "m")
+    assert code == 0, out
+    assert "layers not quantised" in out and "in_features=192" in out
+    assert "block SNR" in out
+    code, out = invoke(app, model_with_tokenizer, "--preset", "marlin", "--group-size", "64",
+                       "--samples", "2", "--seq-len", "16", "-o", tmp_path / "s", "--strict")
+    assert code == 1 and "error:" in out and "in_features=192" in out
+    code, out = invoke(app, model_with_tokenizer, "--method", "awq", "--act-order",
+                       "-o", tmp_path / "x")
+    assert code == 1 and "desc_act" in out
+
+
+def test_build_recipe_defaults_and_overrides():
+    r = quantize.build_recipe("awq", None, 64, None, False, None, None, False)
+    assert (r.calib, r.format, r.bits, r.group_size, r.sym) == ("awq", "awq", 4, 64, False)
+    r = quantize.build_recipe(None, None, None, None, False, None, "marlin", True)
+    assert (r.calib, r.format, r.group_size, r.skip) == ("gptq", "marlin", 128, ())
+    r = quantize.build_recipe("ternary", None, None, None, False, None, None, False)
+    assert (r.format, r.bits, r.group_size) == ("gguf-tq2_0", 2, -1)
