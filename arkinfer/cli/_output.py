@@ -35,3 +35,19 @@ def print_kv(title: str, items: list[tuple[str, Any]]) -> None:
     for key, value in items:
         table.add_row(key, escape(str(value)))
     console.print(table)
+
+
+def progress_bar(label: str, field: str):
+    """A transient stderr progress bar: `label`, bar, done/total, elapsed, then the task's `field`
+    (pass it to add_task/update as a keyword, e.g. name=... or info=...)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    return Progress(TextColumn(f"[bold]{escape(label)}[/]"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.fields[" + field + "]}"),
+                    console=err_console, transient=True)

@@ -11,7 +11,12 @@ import typer
 
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import JsonOpt
-from arkinfer.cli._output import console, err_console, print_json, print_kv
+from arkinfer.cli._output import (
+    console,
+    print_json,
+    print_kv,
+    progress_bar,
+)
 
 HELP = ("Import a GGUF file into a Hugging Face folder (config.json, safetensors, tokenizer.json, "
         "tokenizer_config.json with the chat template, generation_config.json). Weights are "
@@ -52,17 +57,7 @@ def parse_size(text: str) -> int:
 
 
 def _progress_bar():
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    return Progress(TextColumn("[bold]dequantising[/]"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[name]}"),
-                    console=err_console, transient=True)
+    return progress_bar("dequantising", "name")
 
 
 @handle_errors

@@ -11,7 +11,14 @@ import typer
 
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import JsonOpt, ModelArg
-from arkinfer.cli._output import console, err_console, print_json, print_kv, print_table
+from arkinfer.cli._output import (
+    console,
+    err_console,
+    print_json,
+    print_kv,
+    print_table,
+    progress_bar,
+)
 
 HELP = ("Quantise a float checkpoint (RTN, GPTQ, P-GPTQ, AWQ or ternary) into a runtime layout "
         "(gptq, marlin, awq, or any registered format). Calibration streams one decoder block at "
@@ -147,17 +154,7 @@ def command(
 
 
 def _progress_bar():
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    return Progress(TextColumn("[bold]calibrating[/]"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
-                    console=err_console, transient=True)
+    return progress_bar("calibrating", "info")
 
 
 def _fmt(v) -> str:
