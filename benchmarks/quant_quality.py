@@ -6,11 +6,12 @@ float and against llama.cpp's own 4-bit quantisation of the same model, same tex
 Rows (4-bit rows use group 64: SmolLM2's 576-wide rows are not multiples of 128):
 - float: the Q4_1 GGUF imported and dequantised to float32 (the reference every method starts from);
 - rtn-sym / rtn-asym: round-to-nearest, the baselines of GPTQ (sym) and AWQ (asym);
-- gptq, pgptq (prefix 4), gptq act-order: streamed calibration -> gptq folder -> `load_quantized`;
+- gptq, pgptq (prefix 4): streamed calibration -> gptq folder -> `load_quantized`;
 - awq: -> AutoAWQ GEMM folder -> `load_quantized`;
 - ternary (per-row absmean): applied in memory (GGUF TQ2_0 needs 256-column blocks, which 576 is not);
 - llama.cpp Q4_1 (the original file) and Q4_0 (`llama_model_quantize` of it, requantise allowed),
-  both scored through llama.cpp (LlamaCppRunner) with the same windows.
+  both scored through llama.cpp (LlamaCppRunner) with the same windows;
+- investigation rows for the GPTQ target: act-order, damping 0.1, zero points, group 32.
 
 Perplexity: `arkinfer.generate.perplexity`, ctx 512, arkinfer/data/corpus_eval.txt (never used for
 calibration). Calibration: seeded windows of corpus_train.txt. Embeddings / lm_head stay float in
@@ -225,9 +226,12 @@ def markdown(results: dict) -> str:
             continue
         r = rows[name]
         ref = rows.get("llama.cpp-q4_1", {}).get("ppl") if name.startswith("llama.cpp") else base
-        delta = f"{100 * (r['ppl'] / ref - 1):+.1f} %" if ref else "-"
+        ratio = r["ppl"] / ref if ref else None
+        delta = "-" if ratio is None else (f"{100 * (ratio - 1):+.1f} %" if ratio < 10
+                                           else f"x {ratio:.2g}")
         calib = f"{r['calibration_seconds']:.0f} s" if "calibration_seconds" in r else "-"
-        lines.append(f"| {r['label']} | {r['bits_per_weight']} | {r['ppl']:.3f} | {delta} | "
+        ppl = f"{r['ppl']:.3f}" if r["ppl"] < 1e4 else f"{r['ppl']:.2g}"
+        lines.append(f"| {r['label']} | {r['bits_per_weight']} | {ppl} | {delta} | "
                      f"{calib} |")
     lines.append("")
     lines.append("¹ llama.cpp rows: against llama.cpp's own Q4_1 run of the original file.")

@@ -106,6 +106,12 @@ def load_weights(path: Path) -> tuple[dict[str, QuantizedWeight], dict[str, Tens
     return quantized, floats, meta["info"]
 
 
+def load_info(path: Path) -> dict:
+    """Only the JSON report of a save_weights file (no tensor is read)."""
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads(f.metadata()["json"])["info"]
+
+
 def _atomic_save(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
     save_file(tensors, str(tmp), metadata=metadata)
@@ -236,7 +242,7 @@ def calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Calib
         x = y
         if progress is not None:
             progress(i, n_layers, info["seconds"])
-    blocks = [load_weights(block_file(work_dir, i))[2] for i in range(n_layers)]
+    blocks = [load_info(block_file(work_dir, i)) for i in range(n_layers)]
     tail = _tail(ckpt, recipe, handler, ctx, x, mask, work_dir)
     return CalibrationRun(ckpt.path, work_dir, recipe, config_as_dict(config),
                           calib.describe(), n_layers, blocks, tail,
