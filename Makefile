@@ -11,7 +11,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,gguf]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,gguf,onnx]"
 	touch $@
 
 test: setup

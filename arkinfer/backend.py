@@ -7,14 +7,29 @@ pyproject.toml:
     mybackend = "my_package.backend:BACKEND"
 
 Entry points are only imported when a backend is asked for by name, so listing backends never
-imports a backend SDK. The protocol grows with the pipeline (lower / load arrive with `build`).
+imports a backend SDK.
+
+The build pipeline (arkinfer/pipeline/build.py) talks to a backend through three calls:
+
+    backend.lower(request: LowerRequest) -> LowerResult   # write the artifact's files
+    backend.load(artifact_dir, manifest) -> Runner          # run it on this machine
+    backend.available() / install_hint()
+
+`LowerRequest.model_dir` is a Hugging Face folder holding the weights to lower: the float source
+checkpoint (`--quant f32/f16/bf16`) or the quantised folder written by `quant.export` in the
+recipe's storage format (gptq / marlin / awq tensors, or ArkInfer's generic layout for the other
+formats, e.g. the exact GGUF block bytes for `gguf-q4_0`). `quant.load` unpacks any of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 from arkinfer.errors import NotAvailableError
 
@@ -30,6 +45,73 @@ class Backend(Protocol):
 
     def install_hint(self) -> str:
         """The command that makes `available()` true (shown to users when it is not)."""
+
+
+@dataclass
+class LowerRequest:
+    """What `Backend.lower` gets.
+
+    model_dir: HF folder with the weights to lower (float source, or quantised in `recipe.format`).
+    source_dir: the float source checkpoint (tokenizer files, original config).
+    recipe: the quantisation recipe (`quant.recipe.QuantRecipe`), None for a float build.
+    dtype: float dtype for unquantised tensors ("f32", "f16", "bf16").
+    target: the `Target` profile; out_dir: the (temporary) artifact folder to write into.
+    options: backend-specific options from the CLI (`--option key=value`).
+    progress: call with a short message for long steps.
+    """
+
+    model_dir: Path
+    source_dir: Path
+    recipe: Any
+    dtype: str
+    target: Any
+    out_dir: Path
+    options: dict[str, str] = field(default_factory=dict)
+    progress: Callable[[str], None] = lambda msg: None
+
+
+@dataclass
+class LowerResult:
+    """What `Backend.lower` returns; all of it goes into the manifest.
+
+    files: artifact-relative paths the backend wrote (the manifest hashes every file anyway).
+    ops: op -> implementation this artifact uses, e.g. {"attention": "InfLLM v2 (arkinfer
+        ONNX function)"} or {"attention": "dense (llama.cpp ignores arkinfer.sparse.*)"}.
+    toolchain: package -> version used to write / run the artifact.
+    notes: anything the user must know (type fallbacks, layers kept in float, ...).
+    layers: per-tensor storage, e.g. {"model.layers.0.mlp.up_proj": "Q4_0"} (optional).
+    """
+
+    files: list[str]
+    ops: dict[str, str] = field(default_factory=dict)
+    toolchain: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    layers: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """An artifact running on this machine (verify, eval and bench use only this).
+
+    Token ids are plain ints from the artifact's own tokenizer. Logits are float32 CPU tensors.
+    """
+
+    vocab_size: int
+
+    def tokenize(self, text: str) -> list[int]:
+        """Ids of `text` as the artifact's runtime tokenizes it (no BOS added)."""
+
+    def window_logits(self, ids: list[int]) -> torch.Tensor:
+        """Logits [T, V] of `ids` evaluated from an empty KV cache (cache is left holding them)."""
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` to the cache; logits [V] of the last one."""
+
+    def decode(self, token: int) -> torch.Tensor:
+        """Append one token; its logits [V]."""
 
 
 @dataclass(frozen=True)
