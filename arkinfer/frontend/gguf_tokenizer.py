@@ -101,7 +101,8 @@ def _gpt2_merges(raw: list[str]) -> list[tuple[str, str]]:
     return merges
 
 
-def _pre_tokenizer(pre: PreTokenizer):
+def build_pre_tokenizer(pre: PreTokenizer):
+    """The `tokenizers` pre-tokenizer that splits text like llama.cpp does for `pre`."""
     from tokenizers import Regex, pre_tokenizers
 
     steps = []
@@ -147,7 +148,7 @@ def _byte_level_bpe(f: GGUFFile, pre: str, vocab: dict[str, int]) -> tuple[Any, 
     rules = PRE_TOKENIZERS[pre]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=rules.ignore_merges,
                                fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = _pre_tokenizer(rules)
+    tok.pre_tokenizer = build_pre_tokenizer(rules)
     tok.decoder = decoders.ByteLevel()
     kind = f"byte-level BPE (pre-tokenizer '{pre}'), {len(vocab)} tokens, {len(merges)} merges"
     return tok, [processors.ByteLevel(trim_offsets=False)], kind

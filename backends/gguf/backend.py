@@ -1,8 +1,23 @@
-"""The GGUF backend object registered in the `arkinfer.backends` entry-point group."""
+"""The GGUF backend object registered in the `arkinfer.backends` entry-point group.
+
+    artifact/
+      model.gguf       one GGUF file upstream llama.cpp loads (weights, tokenizer, chat template)
+      arkinfer.json    the manifest (written by the pipeline)
+
+`lower` writes model.gguf (lower.py); `load` opens it in llama.cpp through llama-cpp-python
+(runner.py). Files, keys and type rules: README.md.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
+from typing import Any
+
+from arkinfer.backend import LowerRequest, LowerResult
+
+FORMATS = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-tq1_0", "gguf-tq2_0")
+DEFAULT_N_CTX = 2048
 
 
 class GGUFBackend:
@@ -15,6 +30,36 @@ class GGUFBackend:
 
     def install_hint(self) -> str:
         return "pip install 'arkinfer[gguf]'  (compiles llama.cpp, ~5 min on 2 cores)"
+
+    def preflight(self, raw_config: dict, recipe: Any, target: Any) -> list[str]:
+        """Problems that make a build impossible, found before any weight is read."""
+        from .lower import ARCH_OF
+
+        problems = []
+        model_type = raw_config.get("model_type")
+        if model_type not in ARCH_OF:
+            problems.append(f"model_type {model_type!r} has no llama.cpp architecture here "
+                            f"(supported: {', '.join(ARCH_OF)})")
+        if recipe is not None and recipe.format not in FORMATS:
+            problems.append(f"quant format {recipe.format!r} cannot be stored in GGUF; use one of "
+                            f"{', '.join(FORMATS)}")
+        return problems
+
+    def lower(self, request: LowerRequest) -> LowerResult:
+        from .lower import lower
+
+        return lower(request)
+
+    def load(self, artifact_dir: str | Path, manifest: dict | None = None, *,
+             n_ctx: int | None = None, n_threads: int | None = None):
+        """LlamaCppRunner over artifact/model.gguf; n_ctx defaults to the manifest's
+        `runner.n_ctx`, else 2048."""
+        from .lower import GGUF_FILE
+        from .runner import LlamaCppRunner
+
+        runner_cfg = (manifest or {}).get("runner") or {}
+        n_ctx = n_ctx or int(runner_cfg.get("n_ctx", DEFAULT_N_CTX))
+        return LlamaCppRunner(Path(artifact_dir) / GGUF_FILE, n_ctx=n_ctx, n_threads=n_threads)
 
 
 BACKEND = GGUFBackend()

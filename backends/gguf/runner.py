@@ -1,7 +1,15 @@
 """llama.cpp as a Runner (through llama-cpp-python, the `[gguf]` extra).
 
-Used as the GGUF backend's host runner and as the speed/quality anchor every other backend is
-compared with on the CPU. Logits come back as float32 tensors [T, V] like the reference model's.
+Used as the GGUF backend's host runner (`arkinfer.backend.Runner`: tokenize, window_logits, reset,
+prefill, decode) and as the speed/quality anchor every other backend is compared with on the CPU.
+Logits come back as float32 tensors ([T, V] or [V]) like the reference model's.
+
+    runner = LlamaCppRunner("artifact/model.gguf", n_ctx=2048)
+    logits = runner.window_logits(ids)              # [T, V] from an empty KV cache
+    runner.reset(); last = runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
+
+The KV cache holds at most `n_ctx` tokens; llama.cpp keeps logits of every position
+(`logits_all`), an n_ctx x vocab float32 buffer.
 """
 
 from __future__ import annotations
@@ -11,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arkinfer.errors import NotAvailableError
+from arkinfer.errors import ArkError, NotAvailableError
+
+KV_TYPES = {"f32": 0, "f16": 1}  # ggml type ids
 
 
 def _llama_cpp():
@@ -27,12 +37,20 @@ class LlamaCppRunner:
     """One GGUF file loaded in llama.cpp with a context of `n_ctx` tokens (CPU)."""
 
     def __init__(self, gguf_path: str | Path, n_ctx: int = 512, n_threads: int | None = None,
-                 vocab_only: bool = False) -> None:
+                 vocab_only: bool = False, kv_type: str = "f16") -> None:
+        """kv_type: KV cache element type, "f16" (llama.cpp's default) or "f32" (exact parity
+        checks: an f16 cache rounds K and V to 11 significant bits)."""
         llama_cpp = _llama_cpp()
         self.path = Path(gguf_path)
-        self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx,
+        if not self.path.is_file():
+            raise NotAvailableError(f"GGUF file {self.path} does not exist",
+                                    hint="build the artifact again (arkinfer build ... --backend gguf)")
+        self.n_ctx = n_ctx
+        self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=min(n_ctx, 512),
                                    logits_all=True, vocab_only=vocab_only, verbose=False,
-                                   n_threads=n_threads)
+                                   n_threads=n_threads, type_k=KV_TYPES[kv_type],
+                                   type_v=KV_TYPES[kv_type])
+        self.vocab_size = int(self.llm.n_vocab())
 
     def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
@@ -42,6 +60,34 @@ class LlamaCppRunner:
 
     def window_logits(self, window: list[int]) -> torch.Tensor:
         """Logits [T, V] fp32 of `window` evaluated from an empty KV cache."""
-        self.llm.reset()
-        self.llm.eval(window)
+        self.reset()
+        self._eval(window)
         return torch.from_numpy(np.array(self.llm.scores[: len(window)], dtype=np.float32))
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        # Rewinds the token count; the next eval removes every cache cell from there on.
+        self.llm.reset()
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` to the cache; logits [V] of the last one."""
+        self._eval(ids)
+        return self._last()
+
+    def decode(self, token: int) -> torch.Tensor:
+        """Append one token; its logits [V]."""
+        self._eval([token])
+        return self._last()
+
+    def _eval(self, ids: list[int]) -> None:
+        if not ids:
+            raise ArkError("no tokens to evaluate", hint="give at least one token")
+        if self.llm.n_tokens + len(ids) > self.n_ctx:
+            raise ArkError(f"{self.llm.n_tokens} cached + {len(ids)} new tokens exceed the "
+                           f"context of {self.n_ctx} tokens this runner was loaded with",
+                           hint="load the runner with a larger n_ctx, or reset() first")
+        self.llm.eval(ids)
+
+    def _last(self) -> torch.Tensor:
+        row = self.llm.scores[self.llm.n_tokens - 1]
+        return torch.from_numpy(np.array(row, dtype=np.float32))

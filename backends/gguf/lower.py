@@ -1,0 +1,109 @@
+"""Lower a Hugging Face folder (float, or quantised in a gguf-* format) to one `model.gguf`.
+
+    result = lower(LowerRequest(model_dir, source_dir, recipe, "f16", target, out_dir))
+
+The file is written by gguf-py's GGUFWriter in streaming order (tensor infos first, then one
+tensor at a time), so peak memory is about one tensor whatever the model size. Architectures:
+`minicpm` (MiniCPM4 / 4.1), `llama` (Llama 2/3, SmolLM2, Mistral), `qwen2`, `qwen3`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import numpy as np
+from arkinfer.quant.formats.gguf_blocks import GGMLType
+
+from arkinfer.backend import LowerRequest, LowerResult
+from arkinfer.errors import ArkError
+from arkinfer.frontend.checkpoint import open_checkpoint
+from arkinfer.frontend.gguf_model import ARCHS, ArchSpec
+
+from .metadata import write_metadata
+from .plan import plan_model
+from .tensors import tensor_bytes
+from .tokenizer import read_vocab, write_vocab
+
+GGUF_FILE = "model.gguf"
+# HF model_type -> llama.cpp architecture (Mistral loads as llama in upstream llama.cpp).
+ARCH_OF = {"llama": "llama", "mistral": "llama", "minicpm": "minicpm", "qwen2": "qwen2",
+           "qwen3": "qwen3"}
+FILE_TYPES = {GGMLType.F32: "ALL_F32", GGMLType.F16: "MOSTLY_F16", GGMLType.BF16: "MOSTLY_BF16",
+              GGMLType.Q4_0: "MOSTLY_Q4_0", GGMLType.Q4_1: "MOSTLY_Q4_1",
+              GGMLType.Q8_0: "MOSTLY_Q8_0", GGMLType.TQ1_0: "MOSTLY_TQ1_0",
+              GGMLType.TQ2_0: "MOSTLY_TQ2_0"}
+
+
+def arch_spec(model_type: str) -> ArchSpec:
+    """The llama.cpp architecture of a Hugging Face `model_type` (ArkError when none)."""
+    if model_type not in ARCH_OF:
+        raise ArkError(f"model_type {model_type!r} has no llama.cpp architecture in the GGUF "
+                       "backend", hint=f"supported model types: {', '.join(ARCH_OF)}")
+    return ARCHS[ARCH_OF[model_type]]
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _ops(spec: ArchSpec, config, plan) -> dict[str, str]:
+    types = sorted({t.qtype.name for t in plan.tensors if len(t.shape) == 2})
+    sparse = getattr(config, "sparse_config", None)
+    attention = ("dense (llama.cpp ignores arkinfer.sparse.*; InfLLM v2 is not run)" if sparse
+                 else "dense (llama.cpp flash/soft-max attention)")
+    rope = ("NORM (interleaved pairs; q/k rows permuted at lowering)" if spec.permuted_qk
+            else "NEOX (rotate-half; rows unpermuted)")
+    if (config.rope_scaling or {}).get("rope_type") == "longrope":
+        rope += "; LongRoPE factors chosen by context size (n_ctx > original -> long)"
+    return {"attention": attention, "linear": f"ggml matmul over {', '.join(types)}",
+            "rms_norm": "ggml rms_norm", "rope": rope}
+
+
+def lower(request: LowerRequest) -> LowerResult:
+    """Write `request.out_dir / model.gguf`; returns files, ops, toolchain, notes, layers."""
+    import gguf
+
+    ckpt = open_checkpoint(request.model_dir, with_tokenizer=False)
+    config = ckpt.config
+    spec = arch_spec(config.model_type)
+    plan = plan_model(ckpt, spec, request.recipe, request.dtype, request.options)
+    tok_dir = request.model_dir if (request.model_dir / "tokenizer.json").is_file() \
+        else request.source_dir
+    vocab = read_vocab(Path(tok_dir), config.vocab_size, ckpt.raw_config)
+    out = Path(request.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / GGUF_FILE
+    quantised = "quantization_config" in ckpt.raw_config
+    recipe = request.recipe.describe() if request.recipe is not None else None
+    writer = gguf.GGUFWriter(str(path), spec.gguf_arch)
+    try:
+        write_metadata(writer, spec, config, ckpt.raw_config,
+                       name=Path(request.source_dir).name or spec.gguf_arch,
+                       file_type=int(gguf.LlamaFileType[FILE_TYPES[plan.main_type()]]),
+                       quantised=quantised, recipe=recipe)
+        write_vocab(writer, vocab)
+        for t in plan.tensors:
+            float_like = t.qtype in (GGMLType.F32, GGMLType.F16)
+            dtype = {GGMLType.F32: np.float32, GGMLType.F16: np.float16}.get(t.qtype, np.uint8)
+            writer.add_tensor_info(t.name, t.shape if float_like else t.byte_shape,
+                                   np.dtype(dtype), t.nbytes,
+                                   raw_dtype=None if float_like else gguf.GGMLQuantizationType(
+                                       int(t.qtype)))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for i, t in enumerate(plan.tensors):
+            request.progress(f"tensor {i + 1}/{len(plan.tensors)} {t.name} ({t.qtype.name})")
+            writer.write_tensor_data(tensor_bytes(ckpt, t))
+    finally:
+        writer.close()
+    toolchain = {"gguf": _version("gguf") or "unknown"}
+    if _version("llama_cpp_python"):
+        toolchain["llama-cpp-python"] = _version("llama_cpp_python")
+    notes = [f"tokenizer: {vocab.kind}", *plan.notes]
+    return LowerResult(files=[GGUF_FILE], ops=_ops(spec, config, plan), toolchain=toolchain,
+                       notes=notes, layers=plan.layers)

@@ -1,0 +1,151 @@
+"""Choose the ggml type of every tensor of a checkpoint (float or quantised folder) for a GGUF.
+
+    plan = plan_model(ckpt, spec, recipe, dtype="f16", options={})
+    plan.tensors   # [TensorPlan], in file order
+    plan.notes     # fallbacks and other choices the user must know
+    plan.layers    # {"model.layers.0.mlp.up_proj": "Q4_0", ...}
+
+The rules are in tensors.py's docstring and README.md. Options: `embeddings=<type>` sets the
+type of token_embd / output in quantised builds (default q8_0; f32, f16, bf16, q8_0, q4_0, q4_1).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from arkinfer.quant.formats import get_format
+from arkinfer.quant.formats.gguf_blocks import GGMLType
+from arkinfer.quant.load import format_of
+
+from arkinfer import models
+from arkinfer.errors import ArkError
+from arkinfer.frontend.checkpoint import Checkpoint
+from arkinfer.frontend.gguf_model import ArchSpec
+from arkinfer.ops import rope as rope_ops
+
+from .tensors import EMBED_TYPE, FLOAT_TYPES, TensorPlan, fit_type, gguf_name, qk_heads
+
+EMBED_CHOICES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16,
+                 "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1}
+
+
+@dataclass
+class ModelPlan:
+    tensors: list[TensorPlan]
+    notes: list[str] = field(default_factory=list)
+    layers: dict[str, str] = field(default_factory=dict)
+
+    def main_type(self) -> GGMLType:
+        """The type most linear weights (2-D, inside the layers) have: the file's `file_type`."""
+        counts = Counter(t.qtype for t in self.tensors
+                         if len(t.shape) == 2 and t.name.startswith("blk."))
+        return counts.most_common(1)[0][0] if counts else GGMLType.F32
+
+
+def packed_format(ckpt: Checkpoint) -> tuple[str | None, GGMLType | None]:
+    """(format name, ggml type) of a quantised folder's packed linears; (None, None) for float."""
+    qcfg = ckpt.raw_config.get("quantization_config")
+    if not isinstance(qcfg, dict):
+        return None, None
+    name, _ = format_of(qcfg)
+    fmt = get_format(name)
+    qtype = getattr(fmt, "ggml_type", None)
+    if qtype is None:
+        raise ArkError(f"{ckpt.path} is quantised in the {name!r} format, which GGUF cannot hold",
+                       hint="quantise with a GGUF block format: --format gguf-q4_0, gguf-q4_1, "
+                       "gguf-q8_0, gguf-tq1_0 or gguf-tq2_0 (or build from the float checkpoint)")
+    return name, GGMLType(int(qtype))
+
+
+def _expected(ckpt: Checkpoint) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        model = models.build_model(ckpt.config)
+    return models.module_for(ckpt.raw_config).expected_weights(model)
+
+
+def _extra_tensors(spec: ArchSpec, config: Any) -> list[TensorPlan]:
+    """RoPE factor tensors: MiniCPM LongRoPE lists, Llama 3 frequency factors."""
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    half = config.head_dim // 2
+    if kind == "longrope":
+        if spec.gguf_arch != "minicpm":
+            raise ArkError(f"rope_scaling 'longrope' on a {config.model_type!r} model has no "
+                           "llama.cpp form in the GGUF backend", hint="only MiniCPM uses LongRoPE")
+        out = []
+        for key, name in (("long_factor", "rope_factors_long.weight"),
+                          ("short_factor", "rope_factors_short.weight")):
+            data = np.asarray(scaling[key], dtype=np.float32)
+            if data.shape != (half,):
+                raise ArkError(f"rope_scaling.{key} has {data.size} values; head_dim/2 = {half}",
+                               hint="fix rope_scaling in config.json")
+            out.append(TensorPlan(name, name, (half,), GGMLType.F32, "data", data=data))
+        return out
+    if kind == "llama3":
+        # llama.cpp divides each frequency by rope_freqs[i]: factor = default / llama3 frequency.
+        base = rope_ops.default_inv_freq(config.head_dim, config.rope_theta)
+        ours, _ = config.inv_freq(0)
+        data = (base / ours).numpy().astype(np.float32)
+        return [TensorPlan("rope_freqs.weight", "rope_freqs.weight", (half,), GGMLType.F32,
+                           "data", data=data)]
+    return []
+
+
+def plan_model(ckpt: Checkpoint, spec: ArchSpec, recipe: Any, dtype: str,
+               options: dict[str, str]) -> ModelPlan:
+    """Every tensor of `ckpt` with its GGUF name and ggml type (see the module docstring)."""
+    if dtype not in FLOAT_TYPES:
+        raise ArkError(f"dtype {dtype!r} is not a GGUF float type",
+                       hint=f"use one of {', '.join(FLOAT_TYPES)}")
+    float_type = FLOAT_TYPES[dtype]
+    fmt_name, packed_type = packed_format(ckpt)
+    quantised = fmt_name is not None
+    embed_opt = options.get("embeddings", "q8_0").lower()
+    if embed_opt not in EMBED_CHOICES:
+        raise ArkError(f"--option embeddings={embed_opt} is not a type the GGUF backend writes",
+                       hint=f"use one of {', '.join(EMBED_CHOICES)}")
+    explicit = "embeddings" in options
+    embed_type = EMBED_CHOICES[embed_opt] if explicit else (EMBED_TYPE if quantised else float_type)
+    plan = ModelPlan(_extra_tensors(spec, ckpt.config))
+    config = ckpt.config
+    for hf_name, shape in _expected(ckpt).items():
+        name = gguf_name(hf_name)
+        owner = hf_name.rsplit(".", 1)[0]
+        heads = qk_heads(spec, hf_name, config)
+        if len(shape) == 1:
+            plan.tensors.append(TensorPlan(hf_name, name, shape, GGMLType.F32, "float", heads))
+            continue
+        info = ckpt.weights.infos[hf_name]
+        if info.dtype == "U8":
+            if not quantised:
+                raise ArkError(f"'{hf_name}' is stored as bytes but {ckpt.path}/config.json has "
+                               "no quantization_config", hint="the folder is damaged; re-export it")
+            plan.tensors.append(TensorPlan(hf_name, name, shape, packed_type, "packed", heads))
+            plan.layers[owner] = packed_type.name
+            continue
+        is_embed = name in ("token_embd.weight", "output.weight")
+        if is_embed:
+            want, why = embed_type, "embeddings/output rule"
+        elif not quantised:
+            want, why = float_type, "float build"
+        elif recipe is not None and recipe.skips(owner):
+            want, why = float_type, "skipped by the recipe"
+        else:
+            want, why = packed_type, "left in float by the quantiser"
+            plan.notes.append(f"{owner}: left in float by the quantiser; stored as "
+                              f"{packed_type.name} by ggml's reference quantiser (re-rounded)")
+        qtype, skipped = fit_type(want, shape)
+        if skipped:
+            plan.notes.append(f"{owner}: rows of {shape[-1]} do not split into "
+                              f"{'/'.join(t.name for t in skipped)} blocks ({why}); stored as "
+                              f"{qtype.name}")
+        plan.tensors.append(TensorPlan(hf_name, name, shape, qtype, "float", heads))
+        plan.layers[owner] = qtype.name
+    if quantised:
+        plan.notes.append(f"linears from the {fmt_name} folder: block bytes copied unchanged "
+                          "(no re-rounding)")
+    return plan
