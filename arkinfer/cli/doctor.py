@@ -1,0 +1,108 @@
+"""`arkinfer doctor` — what this installation can do, and this machine's roofline numbers.
+
+Lists the registered backends (usable here or not, with the install command), the versions of
+the toolchains ArkInfer uses, and the host's copy bandwidth, fp32 matmul rate and memory,
+measured once and cached (arkinfer/host_profile.py) for `host` predictions in plan, build and
+bench.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+from typing import Annotated, Any
+
+import typer
+
+from arkinfer import __version__
+from arkinfer.cli._errors import handle_errors
+from arkinfer.cli._options import JsonOpt
+from arkinfer.cli._output import console, print_json, print_kv, print_table
+
+HELP = ("Check this installation: registered backends and whether their toolchains are "
+        "installed (with the install command), package versions, and this machine's copy "
+        "bandwidth and matmul rate, measured once and cached for host latency predictions.")
+EXAMPLES = ["arkinfer doctor", "arkinfer doctor --remeasure", "arkinfer doctor --json"]
+
+# distribution -> what ArkInfer uses it for (and the extra that installs it)
+PACKAGES = {
+    "torch": "reference models, IR, host runner",
+    "numpy": "format packers / unpack references",
+    "safetensors": "checkpoints",
+    "tokenizers": "tokenizers",
+    "onnx": "tensorrt backend graph ([onnx])",
+    "onnxruntime": "tensorrt backend host runner ([onnx])",
+    "gguf": "gguf backend writer, GGUF import ([gguf])",
+    "llama-cpp-python": "gguf backend host runner ([gguf])",
+    "mlx": "mlx backend ([mlx])",
+    "apache-tvm": "tvm backend ([tvm])",
+    "coremltools": "coreml backend ([coreml])",
+    "transformers": "parity tests ([dev])",
+    "matplotlib": "bench --plot ([plot])",
+}
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed version of every package in PACKAGES (None when absent)."""
+    out: dict[str, str | None] = {}
+    for dist in PACKAGES:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def backends() -> list[dict[str, Any]]:
+    """Registered backends: available here, install hint, targets using it by default."""
+    from arkinfer.backend import backend_status
+    from arkinfer.targets import list_targets
+
+    defaults: dict[str, list[str]] = {}
+    for t in list_targets():
+        defaults.setdefault(t.default_backend, []).append(t.id)
+    return [{"name": s.name, "available": s.available, "install_hint": s.install_hint,
+             "default_for": defaults.get(s.name, [])} for s in backend_status()]
+
+
+def command(
+    remeasure: Annotated[bool, typer.Option("--remeasure", help="Measure bandwidth and matmul "
+                                            "rate again instead of using the cache.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Backends, toolchains and this machine's measured numbers."""
+    run(remeasure, json_out)
+
+
+@handle_errors
+def run(remeasure: bool, json_out: bool) -> None:
+    from arkinfer.host_profile import cache_path, host_measurement, load_cached
+
+    cached = None if remeasure else load_cached()
+    if cached is None and not json_out:
+        console.print("measuring this machine (copy bandwidth, matmul rate) ...", markup=False)
+    record = host_measurement(measure_if_missing=True, remeasure=remeasure)
+    info = {"arkinfer": __version__, "python": platform.python_version(),
+            "platform": platform.platform(), "backends": backends(),
+            "packages": package_versions(),
+            "host": {**record, "cache": str(cache_path()), "from_cache": cached is not None}}
+    if json_out:
+        print_json(info)
+        return
+    print_kv("arkinfer doctor", [("arkinfer", __version__), ("python", info["python"]),
+                                 ("platform", info["platform"])])
+    print_table("backends", ["backend", "usable here", "default for", "install"],
+                [[b["name"], "yes" if b["available"] else "no", ", ".join(b["default_for"]) or "-",
+                  "-" if b["available"] else b["install_hint"]] for b in info["backends"]])
+    print_table("packages", ["package", "version", "used for"],
+                [[d, v or "not installed", PACKAGES[d]] for d, v in info["packages"].items()])
+    h = info["host"]
+    print_kv("this machine (the `host` target)", [
+        ("cpu", f"{h['cpu']}, {h['threads']} torch threads"),
+        ("memory", f"{h['memory_bytes'] / 2**30:.3g} GiB"),
+        ("copy bandwidth", (f"{h['copy_bandwidth_bytes_s'] / 1e9:.3g} GB/s "
+                           f"({h['method']['copy_bandwidth']})")),
+        ("fp32 matmul", f"{h['matmul_fp32_flop_s'] / 1e9:.3g} GFLOP/s ({h['method']['matmul']})"),
+        ("measured", (f"{h['date']} ({'cached' if h['from_cache'] else 'now'}: {h['cache']}; "
+                     "--remeasure to redo)")),
+    ])

@@ -1,0 +1,156 @@
+"""`arkinfer plan MODEL --target T --quant Q` — memory fit and predicted speed, before any build.
+
+Reads config.json and safetensors headers only (arkinfer/latency/source.py), so it plans an 8B
+model in seconds, from a bare config.json or a built-in config name too.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from arkinfer.cli._errors import handle_errors, report
+from arkinfer.cli._options import JsonOpt
+from arkinfer.cli._output import console, print_json, print_kv, print_table
+from arkinfer.latency.plan import CONTEXTS, Plan, make_plan
+from arkinfer.latency.predict import Prediction
+
+HELP = ("Plan a deployment from config.json (and safetensors headers) alone: weight bytes per "
+        "format, KV cache per token, memory fit at 4K / 32K / 128K tokens, what the target's "
+        "backend runs, and predicted TTFT and decode tokens/s, dense and with InfLLM v2 (the "
+        "roofline of specs/targets.md). Exits non-zero, with the numbers, when it does not fit.")
+EXAMPLES = [
+    "arkinfer plan minicpm4.1-8b --target jetson-orin --quant int4",
+    "arkinfer plan minicpm4.1-8b --target rpi5 --quant fp16",
+    "arkinfer plan ./MiniCPM4.1-8B/config.json --target apple-m4-pro --quant mlx4 --json",
+    "arkinfer plan demo --target host --quant q4_0 -c 512 -c 2048",
+]
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def _ctx(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
+
+
+def _secs(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    return f"{s:.3g}s" if s < 100 else f"{s:.0f}s" if s < 600 else f"{s / 60:.0f}min"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}" if x < 100 else f"{x:.0f}"
+
+
+def _q(q) -> str:
+    detail = q.derivation or q.measurement or q.source
+    return f"{q.provenance}: {detail}"
+
+
+def _print_header(plan: Plan) -> None:
+    c, t = plan.cost, plan.target
+    cfg = c.config
+    b = t.backends[plan.backend]
+    sparse = ("none" if c.sparse is None else
+              f"InfLLM v2 from {c.sparse.dense_len} tokens" if plan.sparse_supported else
+              f"InfLLM v2 in config, not run by {plan.backend}")
+    role = c.as_dict()["weight_bytes_by_role"]
+    print_kv(f"plan: {c.source} on {t.id}", [
+        ("model", plan.source.label),
+        ("architecture", (f"{c.as_dict()['architecture']}, {c.params / 1e9:.3g} B params, "
+                         f"{cfg.num_hidden_layers} layers, {cfg.num_attention_heads} q / "
+                         f"{cfg.num_key_value_heads} kv heads x {cfg.head_dim}, sparse: {sparse}")),
+        ("target", f"{t.name}; memory {t.memory.value / 2**30:.3g} GiB"),
+        ("backend", (f"{plan.backend}: formats {', '.join(b.quant_formats) or 'none'}; dtypes "
+                    f"{', '.join(str(d) for d in b.dtypes)}")),
+        ("quant", plan.quant + (f" ({c.recipe.describe()})" if c.recipe else " (float)")),
+        ("weights", (f"{_gb(c.weight_bytes)}: linears {_gb(role['linear'])} "
+                    f"({c.linear_bits_per_weight:.3g} bits/weight), lm_head {_gb(c.lm_head_bytes)}"
+                    f"{' (tied)' if cfg.tie_word_embeddings else ''}, embedding "
+                    f"{_gb(role['embedding'])}, other {_gb(role['other'])}")),
+        ("read per token", f"{_gb(c.weight_bytes_step)} of weights + KV"),
+        ("KV cache", f"{c.kv_bytes_per_token / 1024:g} KiB/token ({c.kv_elem_bytes}-byte elements)"
+                     + ("" if c.sparse is None else
+                        f"; InfLLM v2 compressed keys {c.compressed_key_bytes(1 << 20) / 2**20 / 1024:g}"
+                        " KiB/token")),
+        ("bandwidth", (f"{t.bandwidth.value / 1e9:.4g} GB/s x η_bw {t.eta_bw.value:g} "
+                      f"({_q(t.bandwidth)}; η {t.eta_bw.provenance})")),
+        ("compute", "unknown (decode only)" if t.peak_compute is None else
+                    f"{t.peak_compute.value / 1e12:.4g} T{t.roofline} x η_c {t.eta_c.value:g} "
+                    f"({_q(t.peak_compute)}; η {t.eta_c.provenance})"),
+    ])
+
+
+def _row(p: Prediction) -> list[str]:
+    m = p.memory
+    att = "dense" if p.attention == "dense" else (
+        "sparse" if p.decode_attention == "sparse" else "sparse*")
+    return [_ctx(p.ctx), att, f"{(m.kv_cache + m.compressed_keys) / 1e9:.2f}",
+            f"{m.total / 1e9:.2f}", "yes" if m.fits else "NO", _secs(p.ttft_s),
+            _rate(p.prefill_tok_s), _rate(p.decode_tok_s), p.bound]
+
+
+def _print_rows(plan: Plan) -> None:
+    table = Table(title="predicted, batch 1 (pp: prefill of a prompt as long as the context, "
+                  "tg: decode at that context)",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  header_style="bold")
+    for col in ("ctx", "attention", "KV GB", "mem GB", "fits", "TTFT", "pp t/s", "tg t/s",
+                "bound"):
+        table.add_column(col, justify="left" if col in ("ctx", "attention") else "right",
+                         no_wrap=True)
+    for p in plan.rows:
+        table.add_row(*_row(p))
+    console.print(table)
+    p = plan.rows[0]
+    console.print(f"mem GB = weights {_gb(p.memory.weights)} + KV + workspace "
+                  f"{_gb(p.memory.workspace)} (one 512-token prefill chunk + 512 MiB runtime "
+                  f"reserve) vs {p.memory.device / 1e9:.2f} GB"
+                  + ("; sparse = InfLLM v2, sparse* = dense below dense_len "
+                     f"({plan.cost.sparse.dense_len} tokens)" if any(
+                         r.attention == "sparse" and r.decode_attention == "dense"
+                         for r in plan.rows) else ""), markup=False)
+
+
+def command(
+    model: Annotated[str, typer.Argument(help="A known config name (minicpm4.1-8b), a "
+                                         "config.json, a model folder, or 'demo'.")],
+    target: Annotated[str, typer.Option("--target", "-t", help="Target id, alias or .toml.")],
+    quant: Annotated[str, typer.Option("--quant", "-q", help="f32, f16/fp16, bf16, a preset "
+                                       "(q4_0, marlin, gptq, awq, mlx4, ...) or int4.")],
+    backend: Annotated[str | None, typer.Option("--backend", "-b", help="Backend on the target "
+                                                "(default: the target's, if it takes QUANT).")]
+    = None,
+    context: Annotated[list[int] | None, typer.Option("--context", "-c", help="Context length "
+                       "(repeat; default 4096, 32768, 131072).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Memory fit and predicted latency of MODEL on TARGET with QUANT."""
+    run(model, target, quant, backend, context, json_out)
+
+
+@handle_errors
+def run(model: str, target: str, quant: str, backend: str | None, context: list[int] | None,
+        json_out: bool) -> None:
+    plan = make_plan(model, target, quant, backend, tuple(context or CONTEXTS))
+    refusal = plan.refusal()
+    if json_out:
+        print_json(plan.as_dict())
+    else:
+        _print_header(plan)
+        _print_rows(plan)
+        print_table(f"ops on {plan.backend}", ["op", "implementation"],
+                    [list(r) for r in plan.ops()])
+        for note in plan.notes:
+            console.print(f"note: {note}", markup=False)
+    if refusal is not None:
+        report(refusal)
+        raise typer.Exit(code=1)
