@@ -24,10 +24,9 @@ the product is the `QuantizedWeight.dequantize()` of the same checkpoint bit for
 from __future__ import annotations
 
 import numpy as np
-from onnx import FunctionProto, TensorProto, helper
-
 from arkinfer.quant.formats.awq import AWQ_ORDER
 from arkinfer.quant.formats.marlin import PERM, SCALE_PERM, SCALE_PERM_SINGLE
+from onnx import FunctionProto, TensorProto, helper
 
 from .onnx_build import DOMAIN, OPSET, NodeBuilder, attribute
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from arkinfer.quant.formats import get_format
+from arkinfer.quant.load import format_of
+from arkinfer.quant.weight import QuantizedWeight
 from onnx import TensorProto
 
 from arkinfer.errors import NotAvailableError
 from arkinfer.frontend.checkpoint import open_checkpoint
-from arkinfer.quant.formats import get_format
-from arkinfer.quant.load import format_of
-from arkinfer.quant.weight import QuantizedWeight
 
 # formats whose tensors an arkinfer-domain function consumes as stored
 FUNCTION_FORMATS = ("marlin", "gptq", "awq")

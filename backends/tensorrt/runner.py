@@ -1,0 +1,95 @@
+"""The tensorrt artifact on this machine: model.onnx run by onnxruntime (CPU), with the KV cache
+and the InfLLM v2 compressed-key caches carried between calls (`arkinfer.backend.Runner`).
+
+    runner = OnnxRunner(artifact_dir)                  # ops="contrib": MatMulNBits fast path
+    logits = runner.window_logits(ids)                 # [T, V] float32 from an empty cache
+    runner.reset(); runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
+
+ops="function" runs every arkinfer-domain node through its ONNX function body (what any ONNX
+runtime does); ops="contrib" first swaps the quantised linears for com.microsoft.MatMulNBits
+(contrib.py). Both compute the same weights; tests check they agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from arkinfer.errors import NotAvailableError
+from arkinfer.frontend.tokenizer import load_tokenizer
+
+from .contrib import use_matmul_nbits
+
+ONNX_FILE = "model.onnx"
+Ops = Literal["contrib", "function"]
+
+
+class OnnxRunner:
+    def __init__(self, artifact_dir: str | Path, ops: Ops = "contrib",
+                 threads: int | None = None) -> None:
+        self.dir = Path(artifact_dir)
+        path = self.dir / ONNX_FILE
+        if not path.is_file():
+            raise NotAvailableError(f"{path} does not exist",
+                                    hint="build the artifact with arkinfer build --backend tensorrt")
+        if ops not in ("contrib", "function"):
+            raise NotAvailableError(f"ops={ops!r} is not a runner mode",
+                                    hint="use ops='contrib' or ops='function'")
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads:
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+        self.ops, self.notes = ops, []
+        if ops == "contrib":
+            model = onnx.load(str(path))
+            self.replaced, self.notes = use_matmul_nbits(model)
+            self.session = ort.InferenceSession(model.SerializeToString(), opts,
+                                                providers=["CPUExecutionProvider"])
+        else:
+            self.replaced = 0
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.past = [i for i in self.session.get_inputs() if i.name.startswith("past.")]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        logits = self.session.get_outputs()[0]
+        self.vocab_size = int(logits.shape[-1])
+        self.tokenizer = load_tokenizer(self.dir)
+        self.reset()
+
+    def tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise NotAvailableError(f"{self.dir} has no tokenizer.json",
+                                    hint="rebuild the artifact from a folder with a tokenizer")
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def reset(self) -> None:
+        """Empty every cache (KV and compressed keys: zero-length along their sequence axis)."""
+        self.cache = {}
+        for i in self.past:
+            shape = [0 if isinstance(d, str) or d is None else int(d) for d in i.shape]
+            self.cache[i.name] = np.zeros(shape, np.float32)
+        self.pos = 0
+
+    def _step(self, ids: list[int]) -> torch.Tensor:
+        feeds = {"tokens": np.asarray([ids], np.int64),
+                 "positions": np.arange(self.pos, self.pos + len(ids), dtype=np.int64), **self.cache}
+        out = self.session.run(None, feeds)
+        for name, value in zip(self.outputs[1:], out[1:]):
+            self.cache[name.replace("present.", "past.", 1)] = value
+        self.pos += len(ids)
+        return torch.from_numpy(out[0][0])
+
+    def window_logits(self, ids: list[int]) -> torch.Tensor:
+        self.reset()
+        return self._step(list(ids))
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        return self._step(list(ids))[-1]
+
+    def decode(self, token: int) -> torch.Tensor:
+        return self._step([int(token)])[-1]
