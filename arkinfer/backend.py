@@ -58,6 +58,8 @@ class LowerRequest:
     target: the `Target` profile; out_dir: the (temporary) artifact folder to write into.
     options: backend-specific options from the CLI (`--option key=value`).
     progress: call with a short message for long steps.
+    program: the traced and optimised IR (`arkinfer.ir.Program`, shape-only: its weights live in
+        model_dir), or None when the caller did not trace (backends may trace themselves).
     """
 
     model_dir: Path
@@ -68,6 +70,7 @@ class LowerRequest:
     out_dir: Path
     options: dict[str, str] = field(default_factory=dict)
     progress: Callable[[str], None] = lambda msg: None
+    program: Any = None
 
 
 @dataclass

@@ -44,7 +44,7 @@ class DType(StrEnum):
 # only their spelling.
 KNOWN_BACKENDS = ("tensorrt", "mlx", "tvm", "gguf", "coreml", "reference")
 KNOWN_QUANT_FORMATS = ("marlin", "gptq", "awq", "onnx-qdq", "ort", "mlx",
-                       "gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-tq1_0", "gguf-tq2_0")
+                       "gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-tq1_0", "gguf-tq2_0", "ternary")
 COMPUTE_KEYS = {
     "fp32": "FP32 FLOP/s (CUDA cores / SIMD)",
     "fp16": "dense FP16 FLOP/s (tensor cores where present)",

@@ -1,26 +1,5 @@
-"""What machine a benchmark ran on, recorded beside every result (scripts here import it)."""
+"""What machine a benchmark ran on: re-exported from arkinfer.machine for the scripts here."""
 
-from __future__ import annotations
+from arkinfer.machine import cpu_model, machine_info
 
-import os
-import platform
-from pathlib import Path
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info(**extra: object) -> dict[str, object]:
-    """cpu, cores, python and torch versions, plus any `extra` fields (e.g. threads)."""
-    import torch
-
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, **extra}
+__all__ = ["cpu_model", "machine_info"]

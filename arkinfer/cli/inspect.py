@@ -83,9 +83,9 @@ def command(
         ("rope", info["rope"]),
         ("scales (emb / residual / logit÷)", " / ".join(f"{v:g}" for v in info["scales"].values())),
         ("sparse attention", _sparse(info["sparse_config"])),
-        ("weights", f"{_gib(info['weights']['bytes'])} in {info['weights']['files']} file(s), "
+        ("weights", (f"{_gib(info['weights']['bytes'])} in {info['weights']['files']} file(s), "
                     f"{', '.join(info['weights']['dtypes'])}; bf16 {_gib(info['weights']['bf16_bytes'])},"
-                    f" int4 g128 ≈ {_gib(info['weights']['int4_g128_bytes'])}"),
+                    f" int4 g128 ≈ {_gib(info['weights']['int4_g128_bytes'])}")),
         ("KV cache (bf16)", f"{info['kv_cache_bytes_per_token_bf16'] / 1024:.1f} KiB/token"),
     ])
     rows = [[f"{int(c) // 1024}K", _gib(v["dense_bf16_bytes"]),

@@ -1,7 +1,22 @@
-"""The reference backend (target `host`): the quantised HF folder run by ArkInfer's PyTorch
-reference model on this CPU."""
+"""The reference backend (target `host`): the artifact is the Hugging Face folder to run (float or
+quantised in the recipe's format) and the Runner is ArkInfer's PyTorch reference model over it, on
+this CPU. It is the ground truth other backends are compared with, so it adds nothing of its own:
+
+    artifact/
+      model/            config.json (+ quantization_config), *.safetensors, tokenizer files
+      arkinfer.json     the manifest (written by the pipeline)
+"""
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from arkinfer.backend import LowerRequest, LowerResult
+
+MODEL_DIR = "model"
 
 
 class ReferenceBackend:
@@ -12,6 +27,48 @@ class ReferenceBackend:
 
     def install_hint(self) -> str:
         return "always available (part of the core install)"
+
+    def preflight(self, raw_config: dict, recipe, target) -> list[str]:
+        """Nothing to refuse: the reference model unpacks every registered format."""
+        return []
+
+    def lower(self, request: LowerRequest) -> LowerResult:
+        dest = request.out_dir / MODEL_DIR
+        dest.mkdir(parents=True)
+        files = []
+        for f in sorted(request.model_dir.iterdir()):
+            if f.is_file():
+                request.progress(f"copy {f.name}")
+                shutil.copy2(f, dest / f.name)
+                files.append(f"{MODEL_DIR}/{f.name}")
+        sparse = "sparse_config" in _config(dest)
+        attention = ("InfLLM v2 above dense_len (arkinfer.ops.infllmv2 fast CPU), dense below"
+                     if sparse else "dense (arkinfer::attention, torch SDPA)")
+        weights = ("dequantised from the packed format by its numpy unpack, fp32 matmul"
+                   if request.recipe is not None else "float, fp32 matmul")
+        notes = []
+        if request.recipe is None and request.dtype != "f32":
+            notes.append(f"the reference backend keeps the source checkpoint's dtype and computes "
+                         f"in fp32 (asked for {request.dtype})")
+        return LowerResult(files=files, ops={"attention": attention, "linear": weights,
+                                             "rms_norm": "arkinfer::rms_norm (torch)",
+                                             "rope": "arkinfer::rope (torch)"},
+                           toolchain={"torch": torch.__version__}, notes=notes)
+
+    def load(self, artifact_dir: str | Path, manifest: dict | None = None):
+        from .runner import ReferenceRunner
+
+        return ReferenceRunner(Path(artifact_dir) / MODEL_DIR)
+
+    def reference_weights(self, artifact_dir: str | Path) -> Path:
+        """The folder the reference model loads to reproduce this artifact's weights."""
+        return Path(artifact_dir) / MODEL_DIR
+
+
+def _config(folder: Path) -> dict:
+    import json
+
+    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
 
 
 BACKEND = ReferenceBackend()

@@ -7,7 +7,7 @@
     assert fmt.unpack(tensors, qw.out_features, qw.in_features, group_size=128).equals(qw)
 
 Registered: gptq, awq, marlin, gguf-q4_0, gguf-q4_1, gguf-q8_0, gguf-tq1_0, gguf-tq2_0, mlx, ort,
-onnx-qdq. Each one's `constraints` (bits, group sizes, sym, act-order, shape rules) is data.
+onnx-qdq, ternary. Each one's `constraints` (bits, group sizes, sym, act-order, shape rules) is data.
 """
 
 from __future__ import annotations
@@ -40,6 +40,6 @@ def all_formats() -> tuple[Format, ...]:
 
 
 # Importing the modules registers them (order = listing order).
-from . import awq, gguf, gptq, marlin, mlx, onnx_qdq, ort  # noqa: F401
+from . import awq, gguf, gptq, marlin, mlx, onnx_qdq, ort, ternary  # noqa: F401
 
 __all__ = ["Constraints", "Format", "FormatError", "all_formats", "get_format", "register"]

@@ -1,0 +1,148 @@
+"""`arkinfer bench` — llama-bench-style prompt-processing and generation speed of an artifact."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from arkinfer.cli._errors import handle_errors
+from arkinfer.cli._output import console, err_console
+
+HELP = ("Measure an artifact on this machine the way llama-bench does: prompt processing (pp, "
+        "tokens/s over -p tokens) and generation (tg, tokens/s over -n single-token steps) after "
+        "-d tokens of context, -r repetitions after a warm-up, mean ± std, TTFT and peak RSS. "
+        "Beside each measured rate: the latency model's prediction for this host and "
+        "measured/predicted. Output as a markdown table, JSON or CSV with llama-bench's field "
+        "names (n_prompt, n_gen, n_depth, avg_ts, stddev_ts, samples_ts, ...) plus ArkInfer's "
+        "(test, attention, ttft_ms, peak_rss_bytes, predicted_ts, measured_over_predicted).")
+EXAMPLES = [
+    "arkinfer bench dist/demo.host.q4_0",
+    "arkinfer bench dist/demo.host.q4_0 -p 128,512 -n 64 -d 0,1024,2048 -r 3 --plot bench.png",
+    "arkinfer bench dist/demo.host.q4_0 --attention both -d 0,4096 -o json > bench.json",
+    "arkinfer bench dist/smollm2.rpi5.q4_0 -o csv",
+]
+
+
+class OutFormat(StrEnum):
+    md = "md"
+    json = "json"
+    csv = "csv"
+
+
+class Attention(StrEnum):
+    default = "default"
+    dense = "dense"
+    sparse = "sparse"
+    both = "both"
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    from arkinfer.errors import ArkError
+
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        values = ()
+    if not values or any(v < 0 for v in values):
+        raise ArkError(f"{flag} {text!r} is not a comma-separated list of non-negative integers",
+                       hint=f"e.g. {flag} 128,512")
+    return values
+
+
+@handle_errors
+def command(
+    artifact: Annotated[Path, typer.Argument(help="Artifact folder written by `arkinfer build`.")],
+    prompts: Annotated[str, typer.Option("-p", "--n-prompt", help="Prompt lengths (comma list; "
+                                         "0 = no pp test).")] = "512",
+    gens: Annotated[str, typer.Option("-n", "--n-gen", help="Generated tokens (comma list; 0 = "
+                                      "no tg test).")] = "128",
+    depths: Annotated[str, typer.Option("-d", "--n-depth", help="Context depths (comma list).")
+                      ] = "0",
+    repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Measured runs per "
+                                             "test.")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured runs before each test.")
+                      ] = 1,
+    attention: Annotated[Attention, typer.Option(
+        "--attention", help="Sparse-config models: dense, sparse (InfLLM v2), both, or default "
+        "(what the artifact runs).")] = Attention.default,
+    output: Annotated[OutFormat, typer.Option("-o", "--output", help="md, json or csv.")
+                      ] = OutFormat.md,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write tokens/s against depth as "
+                                              "a PNG.")] = None,
+    threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads (default: "
+                                                "torch's).")] = None,
+) -> None:
+    from arkinfer.errors import ArkError
+    from arkinfer.pipeline.artifact import load_runner
+    from arkinfer.pipeline.bench import BenchSpec, host_predictor, run_bench, write_plot
+
+    if repetitions < 1 or warmup < 0:
+        raise ArkError(f"-r {repetitions} / --warmup {warmup}: need at least 1 repetition and "
+                       "0 or more warm-ups", hint="e.g. -r 5 --warmup 1")
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    modes = ("dense", "sparse") if attention == Attention.both else (attention.value,)
+    spec = BenchSpec(_ints(prompts, "-p"), _ints(gens, "-n"), _ints(depths, "-d"), repetitions,
+                     warmup, modes)
+    with err_console.status("loading") as status:
+        manifest, runner = load_runner(artifact, step=lambda m: status.update(f"loading: {m}"))
+        if attention != Attention.default and not manifest["source"].get("sparse_config"):
+            raise ArkError(f"--attention {attention.value}: {manifest['name']} has no "
+                           "sparse_config, so it only runs dense attention",
+                           hint="drop --attention (or use a sparse-config model like the demo)")
+        raw = json.loads((Path(manifest["source"]["path"]) / "config.json").read_text()) \
+            if (Path(manifest["source"]["path"]) / "config.json").is_file() else None
+        predictor = host_predictor(manifest, raw) if raw else None
+        rows = run_bench(runner, manifest, spec, predictor=predictor,
+                         progress=lambda m: status.update(f"bench: {m}"))
+    if plot is not None:
+        write_plot(rows, plot, f"{manifest['name']} on {rows[0]['cpu_info']}")
+        err_console.print(f"plot written to {plot}")
+    if output == OutFormat.json:
+        print(json.dumps(rows, indent=2))
+    elif output == OutFormat.csv:
+        print(_csv(rows), end="")
+    else:
+        _markdown(rows, manifest)
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
+    return buf.getvalue()
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """llama-bench's markdown layout plus ArkInfer's columns (a pipe table to paste anywhere)."""
+    def f(v, spec=".2f"):
+        return "-" if v is None else format(v, spec)
+
+    head = ["model", "size", "backend", "threads", "attention", "test", "t/s", "TTFT ms",
+            "predicted t/s", "measured/predicted", "peak RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        test = r["test"] + (f" @ d{r['n_depth']}" if r["n_depth"] else "")
+        cells = [r["model_filename"], f"{r['model_size'] / 2**20:.2f} MiB", r["backends"],
+                 str(r["n_threads"]), r["attention"], test,
+                 f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}", f(r["ttft_ms"], ".1f"),
+                 f(r["predicted_ts"]), f(r["measured_over_predicted"]),
+                 f"{r['peak_rss_bytes'] / 2**20:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _markdown(rows: list[dict], manifest: dict) -> None:
+    print(markdown_table(rows), end="")
+    console.print(f"\nCPU: {rows[0]['cpu_info']}. predicted: arkinfer.latency for this host "
+                  "(`arkinfer doctor` measures its bandwidth and compute).")

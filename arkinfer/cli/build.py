@@ -1,0 +1,144 @@
+"""`arkinfer build` — a checkpoint to a verified artifact for one target."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from arkinfer.cli._errors import handle_errors
+from arkinfer.cli._options import JsonOpt
+from arkinfer.cli._output import console, err_console, print_json, print_kv
+
+HELP = ("Build a verified artifact: load -> trace -> quantise -> lower -> verify -> write. The "
+        "plan (model, target, backend, recipe, output) is checked and printed before any work. "
+        "The artifact is written to a temporary folder and renamed into place only when the "
+        "parity gate passed, so a failed or interrupted build leaves nothing behind. MODEL "
+        "defaults to the embedded demo model; --target host runs everything on this CPU with "
+        "the reference backend. --quant takes a float dtype (f32, f16, bf16) or a preset "
+        "(q4_0, q8_0, gptq, awq, marlin, ternary, ...).")
+EXAMPLES = [
+    "arkinfer build --target host --quant q4_0",
+    "arkinfer build ./MiniCPM4.1-8B --target jetson-orin --quant marlin",
+    "arkinfer build ./smollm2-hf --target rpi5 --quant q4_0 -o dist/smollm2-rpi5",
+    "arkinfer build demo --target host --quant ternary --threshold ppl_delta=2 --json",
+]
+
+
+class StageReporter:
+    """Stage lines on stderr with a live status line for the current step."""
+
+    def __init__(self) -> None:
+        self.status = err_console.status("")
+        self.index = 0
+        self.current = ""
+
+    def __enter__(self):
+        self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.status.__exit__(*exc)
+
+    def stage(self, name: str) -> None:
+        from arkinfer.pipeline.build import STAGES
+
+        self.index = STAGES.index(name) + 1
+        self.current = name
+        self.status.update(f"[{self.index}/{len(STAGES)}] {name}")
+        self.t0 = time.perf_counter()
+
+    def step(self, message: str) -> None:
+        self.status.update(f"[{self.index}/6] {self.current}: {message}")
+
+    def blocks(self, done: int, total: int, seconds: float) -> None:
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / (done + 1) * (total - done - 1)
+        self.status.update(f"[{self.index}/6] quantise: block {done + 1}/{total} "
+                           f"({seconds:.1f} s; about {eta:.0f} s left)")
+
+    def stage_done(self, name: str, seconds: float, summary: str = "") -> None:
+        err_console.print(f"[green]✓[/] {name:<9} {seconds:7.1f} s  {summary}", markup=True,
+                          highlight=False)
+
+
+class _Quiet:
+    def stage(self, name): ...
+
+    def step(self, message): ...
+
+    def blocks(self, done, total, seconds): ...
+
+    def stage_done(self, name, seconds, summary=""): ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+@handle_errors
+def command(
+    model: Annotated[str, typer.Argument(help="HF folder, .gguf file, or 'demo'.")] = "demo",
+    target: Annotated[str, typer.Option("--target", "-t", help="Target id or alias "
+                                        "(`arkinfer targets`).")] = "host",
+    quant: Annotated[str, typer.Option("--quant", "-q", help="f32, f16, bf16 or a preset: q4_0, "
+                                       "q4_1, q8_0, gptq, awq, marlin, ternary, mlx4, ort4.")
+                     ] = "q4_0",
+    backend: Annotated[str | None, typer.Option("--backend", "-b", help="Backend (default: the "
+                                                "target's).")] = None,
+    out: Annotated[Path | None, typer.Option("-o", "--out", help="Artifact folder (default "
+                                             "dist/MODEL.TARGET.QUANT).")] = None,
+    calib: Annotated[Path | None, typer.Option("--calib", help="Calibration text (plain or "
+                                               ".jsonl).")] = None,
+    samples: Annotated[int, typer.Option("--samples", help="Calibration sequences.")] = 128,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per calibration sequence.")
+                       ] = 512,
+    threshold: Annotated[list[str] | None, typer.Option(
+        "--threshold", help="Override a parity threshold: top1=, kl= or ppl_delta= "
+        "(repeatable).")] = None,
+    option: Annotated[list[str] | None, typer.Option(
+        "--option", help="Backend option KEY=VALUE (repeatable).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing artifact.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    from arkinfer.errors import ArkError
+    from arkinfer.pipeline.build import build
+    from arkinfer.pipeline.plan import CalibSettings, resolve_plan
+    from arkinfer.pipeline.verify import parse_threshold_overrides
+
+    overrides = parse_threshold_overrides(threshold)
+    options = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ArkError(f"--option {item!r} is not KEY=VALUE", hint="e.g. --option mix=q4_k")
+        options[key] = value
+    plan = resolve_plan(model, target=target, quant=quant, backend=backend, out=out,
+                        calib=CalibSettings(calib, samples, seq_len), options=options,
+                        force=force)
+    if not json_out:
+        print_kv("build plan", plan.describe())
+        for note in plan.notes:
+            err_console.print(f"note: {note}")
+    with (_Quiet() if json_out else StageReporter()) as rep:
+        result = build(plan, threshold_overrides=overrides, reporter=rep, force=force)
+    m = result.manifest
+    if json_out:
+        print_json({"path": str(result.path), **m})
+        return
+    v = m["verification"]["metrics"]
+    print_kv(f"built {result.path}", [
+        ("backend", m["backend"]["name"]),
+        ("quant", m["quant"]["scheme"] + (f" ({m['quant']['bits_per_weight']} bits/weight)"
+                                          if m["quant"]["bits_per_weight"] else "")),
+        ("weights", f"{m['memory']['weights_bytes'] / 2**20:.1f} MiB"),
+        ("verify", (f"passed: top-1 {v['top1_agreement']:.3f}, KL {v['mean_kl']:.4f}, "
+                   f"ppl {v['ppl_reference']:.2f} -> {v['ppl_artifact']:.2f} "
+                   f"({v['ppl_delta']:+.1%})")),
+        ("notes", "; ".join(m["backend"]["notes"]) or "-"),
+    ])
+    console.print(f"next: arkinfer bench {result.path}")

@@ -1,0 +1,64 @@
+"""`arkinfer verify` — check an artifact's manifest, hashes and parity with its float source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from arkinfer.cli._errors import handle_errors
+from arkinfer.cli._options import JsonOpt
+from arkinfer.cli._output import err_console, print_json, print_kv, print_table
+
+HELP = ("Verify an artifact: the manifest against its JSON schema, the sha256 of every file, then "
+        "its Runner on this machine against the float reference model on fixed prompts (top-1 "
+        "agreement, mean KL divergence, perplexity delta). Thresholds are the ones the build used "
+        "(per quant scheme) unless overridden. Exits non-zero naming the metric when a threshold "
+        "is crossed or a file was changed.")
+EXAMPLES = [
+    "arkinfer verify dist/demo.host.q4_0",
+    "arkinfer verify dist/smollm2.host.q4_0 --threshold ppl_delta=0.5 --json",
+    "arkinfer verify ./artifact --source ./SmolLM2-135M-Instruct-hf",
+]
+
+
+@handle_errors
+def command(
+    artifact: Annotated[Path, typer.Argument(help="Artifact folder written by `arkinfer build`.")],
+    threshold: Annotated[list[str] | None, typer.Option(
+        "--threshold", help="Override a threshold: top1=, kl= or ppl_delta= (repeatable).")
+    ] = None,
+    source: Annotated[Path | None, typer.Option(
+        "--source", help="The float checkpoint (default: the path in the manifest).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from arkinfer.pipeline.artifact import verify_artifact
+    from arkinfer.pipeline.verify import VerifyError, parse_threshold_overrides
+
+    overrides = parse_threshold_overrides(threshold)
+    if json_out:
+        result = verify_artifact(artifact, overrides=overrides, source=source)
+    else:
+        with err_console.status("verifying") as status:
+            result = verify_artifact(artifact, overrides=overrides, source=source,
+                                     step=lambda m: status.update(f"verifying: {m}"))
+    if json_out:
+        print_json(result)
+    else:
+        m, t = result["metrics"], result["thresholds"]
+        print_table(f"verify {artifact}", ["metric", "value", "threshold"], [
+            ["top1_agreement", f"{m['top1_agreement']:.4f}", f">= {t['top1']}"],
+            ["mean_kl", f"{m['mean_kl']:.5f}", f"<= {t['kl']}"],
+            ["ppl_delta", (f"{m['ppl_delta']:+.2%} ({m['ppl_reference']:.3f} -> "
+                          f"{m['ppl_artifact']:.3f})"), f"<= {t['ppl_delta']:+.0%}"],
+            ["max_abs_logit_diff", f"{m['max_abs_logit_diff']:.4g}", "(reported)"],
+            ["tokenizer_agreement", f"{m['tokenizer_agreement']:.2f}", "= 1.0"],
+        ])
+        print_kv("integrity", [("files", result["integrity"])])
+    if not result["passed"]:
+        raise VerifyError(f"{artifact} failed verification: " + "; ".join(result["failures"]),
+                          hint="rebuild with a more precise --quant, or pass --threshold to "
+                          "loosen the gate explicitly")
+    if not json_out:
+        err_console.print("[green]passed[/]", markup=True)

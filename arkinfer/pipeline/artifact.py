@@ -1,0 +1,77 @@
+"""Open a built artifact: its manifest, its backend, its Runner, and the full `verify` check.
+
+    manifest = read_manifest(path)                 # schema version + JSON schema
+    runner = load_runner(path)                     # hashes checked first
+    report = verify_artifact(path)                 # integrity + parity vs the float source
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from arkinfer.backend import get_backend
+
+from . import manifest as mf
+from .verify import VerifyError
+
+
+def is_artifact(path: str | Path) -> bool:
+    return (Path(path) / mf.MANIFEST_NAME).is_file()
+
+
+def check_integrity(path: Path, manifest: dict[str, Any], step=None) -> None:
+    problems = mf.check_files(path, manifest, step)
+    if problems:
+        raise VerifyError(f"artifact {path} does not match its manifest: " + "; ".join(problems),
+                          hint="the artifact was changed or damaged after the build; rebuild it "
+                          "with `arkinfer build`")
+
+
+def load_runner(path: str | Path, *, check: bool = True, step=None):
+    """(manifest, Runner) of the artifact at `path`; with `check` the file hashes are verified."""
+    path = Path(path)
+    manifest = mf.read_manifest(path)
+    if check:
+        check_integrity(path, manifest, step)
+    backend = get_backend(manifest["backend"]["name"])
+    if not backend.available():
+        from arkinfer.errors import NotAvailableError
+
+        raise NotAvailableError(f"artifact {path.name} needs backend "
+                                f"{backend.name!r}, which is not installed",
+                                hint=backend.install_hint())
+    return manifest, backend.load(path, manifest)
+
+
+def verify_artifact(path: str | Path, *, overrides: dict[str, float] | None = None,
+                    source: str | Path | None = None, step=None) -> dict[str, Any]:
+    """Schema, hashes, then parity vs the float source (manifest's path unless `source`)."""
+    from arkinfer.errors import CheckpointError
+    from arkinfer.quant.recipe import QuantRecipe
+
+    from .build import verify_runner
+
+    path = Path(path)
+    manifest, runner = load_runner(path, step=step)
+    src = Path(source) if source is not None else Path(manifest["source"]["path"])
+    if not (src / "config.json").is_file():
+        raise CheckpointError(f"the artifact's float source {src} is not here",
+                              hint="pass --source FOLDER with the checkpoint it was built from")
+    config_sha = mf.sha256_file(src / "config.json")
+    if config_sha != manifest["source"]["config_sha256"]:
+        raise VerifyError(f"{src}/config.json differs from the one {path.name} was built from "
+                          f"(sha256 {config_sha[:12]} vs {manifest['source']['config_sha256'][:12]})",
+                          hint="pass --source with the checkpoint the artifact was built from")
+    q = manifest["quant"]
+    recipe = None
+    if q["recipe"] is not None:
+        fields = dict(q["recipe"])
+        fields["skip"] = tuple(fields.get("skip", ()))
+        recipe = QuantRecipe(**fields)
+    base = dict(manifest["verification"]["thresholds"])
+    base.update(overrides or {})
+    result = verify_runner(runner, src, recipe, q.get("dtype", "f32"), base, step or (lambda m: None))
+    result["artifact"] = str(path)
+    result["integrity"] = f"{len(manifest['files'])} files match the manifest"
+    return result

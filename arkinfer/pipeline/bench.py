@@ -1,0 +1,202 @@
+"""`arkinfer bench`: llama-bench-style latency of an artifact's Runner on this machine.
+
+Tests, for every context depth d in `depths`:
+- `pp<p>` (n_prompt=p, n_gen=0): the cache is filled with d tokens (not timed), then p tokens are
+  prefilled in one call; avg_ts = p / seconds. Its time is also the time to first token (TTFT)
+  at that depth: the logits of the last prompt token are the first generated token's.
+- `tg<n>` (n_prompt=0, n_gen=n): after d tokens of context, n single-token decode steps;
+  avg_ts = n / seconds.
+Each test runs `warmup` unmeasured times, then `repetitions` measured times; mean and standard
+deviation are over the repetitions (llama-bench's `avg_ts`, `stddev_ts`, `samples_ts`, `avg_ns`,
+...). Token ids are the artifact's own tokenisation of corpus_eval.txt, cycled, so every backend
+sees the same text. Beside every measured rate, the latency model's prediction for this host
+(`arkinfer.latency`, measured bandwidth and compute from `arkinfer doctor`) and measured/predicted.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from arkinfer.errors import ArkError
+
+from .verify import EVAL_TEXT
+
+# llama-bench's JSON fields we fill (same names and meaning), then ArkInfer's own.
+LLAMA_BENCH_FIELDS = ("cpu_info", "backends", "model_filename", "model_type", "model_size",
+                      "model_n_params", "n_threads", "n_prompt", "n_gen", "n_depth", "test_time",
+                      "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts")
+OUR_FIELDS = ("test", "attention", "ttft_ms", "peak_rss_bytes", "predicted_ts",
+              "measured_over_predicted", "target", "quant")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    prompts: tuple[int, ...] = (512,)
+    gens: tuple[int, ...] = (128,)
+    depths: tuple[int, ...] = (0,)
+    repetitions: int = 5
+    warmup: int = 1
+    attention: tuple[str, ...] = ("default",)
+
+
+def bench_tokens(runner, count: int) -> list[int]:
+    """`count` token ids: the runner's tokenisation of corpus_eval.txt, cycled."""
+    ids = runner.tokenize(EVAL_TEXT.read_text(encoding="utf-8"))
+    if not ids:
+        raise ArkError("the artifact's tokenizer returned no tokens for the bench text",
+                       hint="check the artifact's tokenizer files")
+    while len(ids) < count:
+        ids = ids + ids
+    return ids[:count]
+
+
+def _time_pp(runner, context: list[int], prompt: list[int]) -> float:
+    runner.reset()
+    if context:
+        runner.prefill(context)
+    t0 = time.perf_counter()
+    runner.prefill(prompt)
+    return time.perf_counter() - t0
+
+
+def _time_tg(runner, context: list[int], gen: list[int]) -> float:
+    runner.reset()
+    runner.prefill(context or gen[:1])
+    t0 = time.perf_counter()
+    for tok in gen:
+        runner.decode(tok)
+    return time.perf_counter() - t0
+
+
+def run_bench(runner, manifest: dict[str, Any], spec: BenchSpec, *,
+              predictor: Callable[[str, int, int, int, str], float | None] | None = None,
+              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One row per (attention, depth, test) with llama-bench's fields and ours."""
+    from arkinfer.machine import cpu_model
+
+    need = max(spec.depths) + max(spec.prompts + spec.gens) + 1
+    tokens = bench_tokens(runner, need)
+    rows = []
+    common = _common_fields(manifest, cpu_model())
+    for attention in spec.attention:
+        if attention != "default":
+            if not hasattr(runner, "set_attention"):
+                raise ArkError(f"--attention {attention}: backend {manifest['backend']['name']} "
+                               "cannot switch attention", hint="use --attention default")
+            runner.set_attention(attention)
+        tests = [("pp", p) for p in spec.prompts if p > 0] + [("tg", n) for n in spec.gens if n > 0]
+        for depth in spec.depths:
+            context = tokens[:depth]
+            for kind, size in tests:
+                name = f"{kind}{size}" + (f" @ d{depth}" if depth else "")
+                body = tokens[depth:depth + size]
+                fn = _time_pp if kind == "pp" else _time_tg
+                for i in range(spec.warmup):
+                    if progress:
+                        progress(f"{attention} {name}: warm-up {i + 1}/{spec.warmup}")
+                    fn(runner, context, body)
+                samples = []
+                for i in range(spec.repetitions):
+                    if progress:
+                        progress(f"{attention} {name}: run {i + 1}/{spec.repetitions}")
+                    samples.append(fn(runner, context, body))
+                rows.append(_row(common, kind, size, depth, attention, samples, predictor))
+    return rows
+
+
+def _row(common: dict[str, Any], kind: str, size: int, depth: int, attention: str,
+         samples: list[float], predictor) -> dict[str, Any]:
+    ns = [int(s * 1e9) for s in samples]
+    ts = [size / s for s in samples]
+    avg_ts = statistics.fmean(ts)
+    predicted = predictor(kind, size, depth, 0, attention) if predictor else None
+    row = dict(common)
+    row.update({
+        "n_prompt": size if kind == "pp" else 0, "n_gen": size if kind == "tg" else 0,
+        "n_depth": depth, "test_time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "avg_ns": int(statistics.fmean(ns)),
+        "stddev_ns": int(statistics.stdev(ns)) if len(ns) > 1 else 0,
+        "avg_ts": avg_ts, "stddev_ts": statistics.stdev(ts) if len(ts) > 1 else 0.0,
+        "samples_ns": ns, "samples_ts": ts,
+        "test": f"{kind}{size}", "attention": attention,
+        "ttft_ms": statistics.fmean(samples) * 1e3 if kind == "pp" else None,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "predicted_ts": predicted,
+        "measured_over_predicted": avg_ts / predicted if predicted else None,
+    })
+    return row
+
+
+def _common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
+    import torch
+
+    return {"cpu_info": cpu, "backends": manifest["backend"]["name"],
+            "model_filename": manifest["name"], "model_type": manifest["source"]["architecture"],
+            "model_size": manifest["memory"]["weights_bytes"],
+            "model_n_params": manifest.get("source", {}).get("n_params"),
+            "n_threads": torch.get_num_threads(), "target": manifest["target"]["id"],
+            "quant": manifest["quant"]["scheme"]}
+
+
+def host_predictor(manifest: dict[str, Any], raw_config: dict[str, Any]):
+    """A predictor(kind, size, depth, _, attention) -> tokens/s for this host, or None when the
+    latency model is not available."""
+    try:
+        from arkinfer.latency import ModelCost, host_target, predict
+    except ImportError:
+        return None
+    host = host_target(measure_if_missing=True)
+    cost = ModelCost.from_config(raw_config, quant=manifest["quant"]["scheme"])
+
+    def predictor(kind: str, size: int, depth: int, _unused: int, attention: str) -> float | None:
+        mode = "sparse" if attention in ("sparse", "default") and raw_config.get("sparse_config") \
+            else "dense"
+        if kind == "pp":
+            p = predict(cost, host, ctx=depth + size, prompt=size, attention=mode)
+            return p.prefill_tok_s
+        p = predict(cost, host, ctx=depth + size // 2, prompt=0, attention=mode)
+        return p.decode_tok_s
+
+    return predictor
+
+
+def write_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """tokens/s against context depth: prompt processing (left) and generation (right), one line
+    per (test, attention) with the standard deviation as error bars; PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), dpi=120)
+    for ax, kind, name in ((axes[0], "pp", "prompt processing"), (axes[1], "tg", "generation")):
+        series: dict[str, list[tuple[int, float, float]]] = {}
+        for r in rows:
+            if not r["test"].startswith(kind):
+                continue
+            label = r["test"] + ("" if r["attention"] == "default" else f" ({r['attention']})")
+            series.setdefault(label, []).append((r["n_depth"], r["avg_ts"], r["stddev_ts"]))
+        for label, pts in series.items():
+            pts.sort()
+            xs, ys, es = zip(*pts)
+            ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label)
+        ax.set_title(name)
+        ax.set_xlabel("context depth (tokens already in the KV cache)")
+        ax.set_ylabel("tokens / s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if series:
+            ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,342 @@
+"""`arkinfer build`: load -> trace -> quantise -> lower -> verify -> write, atomically.
+
+    plan = resolve_plan("demo", target="host", quant="q4_0")
+    result = build(plan)                  # BuildResult(path, manifest); VerifyError on a failed gate
+
+The artifact is assembled in a hidden sibling folder `.NAME.building-PID` and renamed to
+`plan.out` only after verification passed and the manifest (with the hash of every file) is
+written, so an interrupted or failed build leaves no artifact behind. Calibration work goes to
+`.NAME.work-PID` and is removed at the end. Leftovers of a killed build (whose PID is gone) are
+removed by the next build of the same name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from arkinfer import __version__
+from arkinfer.backend import LowerRequest, get_backend
+from arkinfer.errors import ArkError
+
+from . import manifest as mf
+from .plan import BuildPlan
+from .verify import (
+    VerifyError,
+    judge,
+    parity_metrics,
+    thresholds_for,
+    tokenizer_agreement,
+    verification_prompts,
+)
+
+STAGES = ("load", "trace", "quantise", "lower", "verify", "write")
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx", ".data", ".bin", ".npz")
+
+
+class Reporter:
+    """Progress callbacks; the CLI shows them, tests use this silent default."""
+
+    def stage(self, name: str) -> None: ...
+
+    def step(self, message: str) -> None: ...
+
+    def blocks(self, done: int, total: int, seconds: float) -> None: ...
+
+    def stage_done(self, name: str, seconds: float, summary: str = "") -> None: ...
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    manifest: dict[str, Any]
+
+
+@contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt so `finally` blocks clean up like on Ctrl-C."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _remove_stale(out: Path) -> None:
+    """Remove `.NAME.building-PID` / `.NAME.work-PID` folders whose process is gone."""
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(building|work)-(\d+)$")
+    if not out.parent.is_dir():
+        return
+    for p in out.parent.iterdir():
+        m = pattern.match(p.name)
+        if m and not _alive(int(m.group(2))):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def build(plan: BuildPlan, *, threshold_overrides: dict[str, float] | None = None,
+          reporter: Reporter | None = None, force: bool = False,
+          command: list[str] | None = None) -> BuildResult:
+    rep = reporter or Reporter()
+    out = plan.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out)
+    staging = out.parent / f".{out.name}.building-{os.getpid()}"
+    work = out.parent / f".{out.name}.work-{os.getpid()}"
+    for d in (staging, work):
+        shutil.rmtree(d, ignore_errors=True)
+    staging.mkdir()
+    timings: dict[str, float] = {}
+    try:
+        with _terminate_as_interrupt():
+            data = _run_stages(plan, staging, work, rep, timings, threshold_overrides)
+            data["build"] = {"command": command or sys.argv, "stage_seconds": timings,
+                             "machine": _machine()}
+            t0 = time.perf_counter()
+            rep.stage("write")
+            data["files"] = mf.file_hashes(staging, rep.step)
+            mf.write_manifest(staging, data)
+            if not data["verification"]["passed"]:
+                fails = "; ".join(data["verification"]["failures"])
+                raise VerifyError(f"verification failed for {plan.out.name}: {fails}",
+                                  hint="loosen the gate explicitly with --threshold KEY=VALUE "
+                                  "(and say so where the artifact is used), or pick a more "
+                                  "precise --quant")
+            if out.exists():
+                if not force:
+                    raise ArkError(f"output {out} appeared during the build",
+                                   hint="pass --force to replace it, or -o another folder")
+                shutil.rmtree(out)
+            os.replace(staging, out)
+            rep.stage_done("write", time.perf_counter() - t0, str(out))
+            return BuildResult(out, data)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
+                timings: dict[str, float], threshold_overrides) -> dict[str, Any]:
+    from arkinfer.frontend.checkpoint import open_checkpoint
+
+    def timed(name: str):
+        rep.stage(name)
+        timings[name] = -time.perf_counter()
+
+    def done(name: str, summary: str = "") -> None:
+        timings[name] = round(timings[name] + time.perf_counter(), 3)
+        rep.stage_done(name, timings[name], summary)
+
+    backend = get_backend(plan.backend)
+    # ---------------------------------------------------------------- load
+    timed("load")
+    ckpt = open_checkpoint(plan.source)
+    if ckpt.tokenizer is None:
+        raise ArkError(f"{plan.source} has no tokenizer.json",
+                       hint="an artifact needs the model's tokenizer: add tokenizer.json")
+    source = _source_record(plan, rep)
+    source["n_params"] = sum(_numel(i.shape) for i in ckpt.weights.infos.values())
+    done("load", f"{ckpt.config.num_hidden_layers} layers, {len(source['files'])} files hashed")
+    # ---------------------------------------------------------------- trace
+    timed("trace")
+    from arkinfer import ir
+
+    program = ir.run_passes(ir.trace(str(plan.source), shape_only=True))
+    op_counts: dict[str, int] = {}
+    for graph in program.entries.values():
+        for node in graph.nodes:
+            op_counts[str(node.op)] = op_counts.get(str(node.op), 0) + 1
+    done("trace", f"{sum(op_counts.values())} nodes in {len(program.entries)} entry points")
+    # ---------------------------------------------------------------- quantise
+    timed("quantise")
+    quant_record, model_dir = _quantise(plan, ckpt, work, rep)
+    done("quantise", "float weights, nothing to do" if plan.recipe is None else
+         f"{plan.recipe.describe()}, {quant_record.get('bits_per_weight') or '-'} bits/weight")
+    # ---------------------------------------------------------------- lower
+    timed("lower")
+    request = LowerRequest(model_dir=model_dir, source_dir=plan.source, recipe=plan.recipe,
+                           dtype=plan.dtype, target=plan.target, out_dir=staging,
+                           options=plan.options, progress=rep.step, program=program)
+    lowered = backend.lower(request)
+    shutil.rmtree(work, ignore_errors=True)  # the quantised folder is no longer needed
+    done("lower", f"{len(lowered.files)} files")
+    # ---------------------------------------------------------------- verify
+    timed("verify")
+    partial = {"backend": {"name": plan.backend}, "quant": {"scheme": plan.quant}}
+    runner = backend.load(staging, partial)
+    verification = verify_runner(runner, plan.source, plan.recipe, plan.dtype,
+                                 threshold_overrides, rep.step)
+    del runner
+    done("verify", "passed" if verification["passed"] else
+         "FAILED: " + "; ".join(verification["failures"]))
+    weights = sum(p.stat().st_size for p in staging.rglob("*")
+                  if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    from arkinfer.summary import compressed_key_bytes, kv_bytes_per_token
+
+    cfg = ckpt.config
+    sparse = plan.raw_config.get("sparse_config")
+    return {
+        "schema_version": mf.SCHEMA_VERSION, "arkinfer_version": __version__,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "name": plan.out.name, "source": source,
+        "tokenizer": _tokenizer_record(plan.source, cfg.vocab_size),
+        "quant": quant_record,
+        "ir": {"ops": dict(sorted(op_counts.items())), "entry_points": list(program.entries),
+               "passes": list(ir.DEFAULT_PIPELINE)},
+        "backend": {"name": plan.backend, "ops": lowered.ops, "toolchain": lowered.toolchain,
+                    "notes": [*plan.notes, *lowered.notes], "layers": lowered.layers},
+        "target": {"id": plan.target.id, "name": plan.target.name,
+                   "profile_sha256": _sha_or_none(Path(plan.target.path)) if plan.target.path
+                   else None, "codegen": plan.target.codegen.to_dict()},
+        "memory": {"weights_bytes": weights, "kv_bytes_per_token": kv_bytes_per_token(cfg),
+                   "compressed_key_bytes_per_token":
+                   compressed_key_bytes(cfg, 65536) / 65536 if sparse else None},
+        "prediction": predict_for(plan),
+        "verification": verification,
+    }
+
+
+def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
+                  step: Callable[[str], None]) -> dict[str, Any]:
+    """Parity of `runner` against the float reference of `source` (see pipeline/verify.py)."""
+    from arkinfer.backends.reference.runner import ReferenceRunner
+
+    step("load the float reference")
+    reference = ReferenceRunner(source)
+    prompts = verification_prompts(reference.tokenizer, _config(source))
+    metrics = parity_metrics(reference, runner, prompts, step)
+    metrics["tokenizer_agreement"] = tokenizer_agreement(reference.tokenizer, runner)
+    thresholds = thresholds_for(recipe, dtype, threshold_overrides)
+    failures = judge(metrics, thresholds)
+    if metrics["tokenizer_agreement"] < 1.0:
+        failures.append(f"tokenizer_agreement {metrics['tokenizer_agreement']:.2f} < 1.0 (the "
+                        "artifact's runtime tokenises the prompts differently)")
+    return {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,
+            "failures": failures, "prompt_lengths": [len(p) for p in prompts]}
+
+
+def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[str, Any], Path]:
+    if plan.recipe is None:
+        return {"scheme": plan.quant, "dtype": plan.dtype, "recipe": None, "calibration": None,
+                "calibration_sha256": None, "bits_per_weight": None, "layers": {},
+                "float_layers": []}, plan.source
+    from dataclasses import asdict
+
+    from arkinfer.quant.calib.stream import calibrate
+    from arkinfer.quant.calib_data import load_calibration
+    from arkinfer.quant.export import SUMMARY_NAME, export_folder
+
+    eos = ckpt.config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    c = plan.calib
+    data = load_calibration(ckpt.tokenizer, c.path, c.samples, c.seq_len, c.seed,
+                            eos if isinstance(eos, int) else None)
+    rep.step(f"calibration {data.samples} x {data.seq_len} tokens")
+    run = calibrate(ckpt, plan.recipe, data, work / "calib", progress=rep.blocks)
+    folder = export_folder(run, work / "quantised")
+    summary = json.loads((folder / SUMMARY_NAME).read_text(encoding="utf-8"))
+    layers = {}
+    for block in summary["blocks"]:
+        for r in block["linears"]:
+            layers[r["name"]] = {k: v for k, v in r.items() if k != "name"}
+    recipe = asdict(plan.recipe)
+    recipe["skip"] = list(recipe["skip"])
+    return {"scheme": plan.quant, "dtype": plan.dtype, "recipe": recipe,
+            "calibration": summary["calibration"],
+            "calibration_sha256": summary["calibration_sha256"],
+            "bits_per_weight": summary["bits_per_weight"], "layers": layers,
+            "float_layers": summary["float_linears"]}, folder
+
+
+def predict_for(plan: BuildPlan) -> dict[str, Any] | None:
+    """The latency model's prediction for the plan's target (None if it has no numbers)."""
+    try:
+        from arkinfer.latency import ModelCost, predict
+    except ImportError:
+        return None
+    target = plan.target
+    if target.measured_at_runtime:
+        from arkinfer.latency import host_target
+
+        target = host_target(measure_if_missing=True)
+    if target.bandwidth is None:
+        return None
+    cost = ModelCost.from_config(plan.raw_config, quant=plan.quant)
+    attention = ["dense", "sparse"] if plan.raw_config.get("sparse_config") else ["dense"]
+    return {a: {str(ctx): predict(cost, target, ctx=ctx, prompt=512, attention=a).as_dict()
+                for ctx in (4096, 32768, 131072)} for a in attention}
+
+
+def _source_record(plan: BuildPlan, rep: Reporter) -> dict[str, Any]:
+    files = {}
+    for p in sorted(q for q in plan.source.iterdir() if q.is_file()):
+        rep.step(f"hash {p.name}")
+        files[p.name] = mf.sha256_file(p)
+    raw = plan.raw_config
+    arch = (raw.get("architectures") or [raw.get("model_type", "?")])[0]
+    return {"path": str(plan.source.resolve()), "model_type": str(raw.get("model_type", "?")),
+            "architecture": arch, "sparse_config": raw.get("sparse_config"),
+            "config_sha256": files.get("config.json") or mf.sha256_file(plan.source / "config.json"),
+            "files": files}
+
+
+def _tokenizer_record(folder: Path, vocab_size: int) -> dict[str, Any]:
+    template = None
+    tc = folder / "tokenizer_config.json"
+    if tc.is_file():
+        template = json.loads(tc.read_text(encoding="utf-8")).get("chat_template")
+    if template is None and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    if isinstance(template, list):
+        template = json.dumps(template, sort_keys=True)
+    return {"tokenizer_sha256": _sha_or_none(folder / "tokenizer.json"),
+            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()
+            if template else None, "vocab_size": int(vocab_size)}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _sha_or_none(path: Path) -> str | None:
+    return mf.sha256_file(path) if path.is_file() else None
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
+
+
+def _machine() -> dict[str, Any]:
+    from arkinfer.machine import machine_info
+
+    return machine_info()

@@ -1,0 +1,122 @@
+"""The artifact manifest `arkinfer.json`: what was built from what, how, and the hash of every file.
+
+    write_manifest(folder, data)        # validates against manifest.schema.json first
+    manifest = read_manifest(folder)    # schema version + JSON schema; ManifestError otherwise
+    problems = check_files(folder, manifest)   # [] or ["model.gguf: sha256 differs ...", ...]
+
+`files` maps every artifact file except the manifest itself (POSIX paths relative to the
+artifact folder) to {"sha256", "bytes"}. The schema (arkinfer/pipeline/manifest.schema.json)
+documents every field; bump SCHEMA_VERSION when a field changes meaning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from arkinfer.errors import ArkError
+
+MANIFEST_NAME = "arkinfer.json"
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
+
+
+class ManifestError(ArkError):
+    """An artifact's manifest is missing, unreadable, of another schema, or does not match."""
+
+
+@cache
+def schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_hashes(folder: Path, progress=None) -> dict[str, dict[str, Any]]:
+    """{relative path: {"sha256", "bytes"}} of every file under `folder` except the manifest."""
+    out = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if rel == MANIFEST_NAME:
+            continue
+        if progress is not None:
+            progress(f"hash {rel}")
+        out[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return out
+
+
+def validate(data: dict[str, Any], where: str = "manifest") -> None:
+    """Raise ManifestError listing every schema violation (JSON path and message)."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
+                 for e in errors[:10]]
+        raise ManifestError(f"{where} does not match the arkinfer.json schema "
+                            f"v{SCHEMA_VERSION}:\n  " + "\n  ".join(lines),
+                            hint="rebuild the artifact with this ArkInfer (`arkinfer build`)")
+
+
+def write_manifest(folder: Path, data: dict[str, Any]) -> Path:
+    validate(data)
+    path = folder / MANIFEST_NAME
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    folder = Path(folder)
+    path = folder / MANIFEST_NAME
+    if not folder.is_dir():
+        raise ManifestError(f"{folder} is not an artifact folder",
+                            hint="give the folder `arkinfer build` wrote (it holds arkinfer.json)")
+    if not path.is_file():
+        raise ManifestError(f"{folder} has no {MANIFEST_NAME}; it is not an ArkInfer artifact "
+                            "(or its build did not finish)", hint="build it with `arkinfer build`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path} is not valid JSON: {exc}",
+                            hint="the file is damaged; rebuild the artifact") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version != SCHEMA_VERSION:
+        raise ManifestError(f"{path} has schema_version {version!r}; this ArkInfer reads "
+                            f"version {SCHEMA_VERSION}",
+                            hint="rebuild the artifact with this ArkInfer, or use the ArkInfer "
+                            "version that wrote it")
+    validate(data, str(path))
+    return data
+
+
+def check_files(folder: Path, manifest: dict[str, Any], progress=None) -> list[str]:
+    """Every difference between the artifact's files and the manifest's hashes, one line each."""
+    problems = []
+    expected = manifest["files"]
+    for rel, info in expected.items():
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing")
+            continue
+        if progress is not None:
+            progress(f"hash {rel}")
+        if path.stat().st_size != info["bytes"]:
+            problems.append(f"{rel}: {path.stat().st_size} bytes, manifest says {info['bytes']}")
+        elif sha256_file(path) != info["sha256"]:
+            problems.append(f"{rel}: sha256 differs from the manifest (the file was changed or "
+                            "corrupted)")
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if rel != MANIFEST_NAME and rel not in expected:
+            problems.append(f"{rel}: not listed in the manifest (added after the build)")
+    return problems

@@ -1,0 +1,174 @@
+"""The parity gate: an artifact's Runner against the float reference model on fixed prompts.
+
+    prompts = verification_prompts(tokenizer, raw_config)           # list of token-id lists
+    metrics = parity_metrics(reference_runner, artifact_runner, prompts)
+    result = judge(metrics, thresholds_for(recipe, dtype, overrides))
+
+Metrics (all prompts together, every position scored):
+- `top1_agreement`: fraction of positions where both argmax the same next token;
+- `mean_kl`: mean KL(p_reference || p_artifact) in nats per position;
+- `ppl_reference`, `ppl_artifact`: perplexity of each on the prompts' own next tokens, and
+  `ppl_delta` = ppl_artifact / ppl_reference - 1 (0.05 = 5 % worse);
+- `max_abs_logit_diff`: the largest logit difference anywhere (reported, not gated).
+
+Both runners get the same token ids (the reference tokenizer's); whether the artifact's own
+tokenizer agrees is a separate metric, `tokenizer_agreement` (fraction of prompts with identical
+ids). The prompts are paragraphs of arkinfer/data/corpus_eval.txt (held out from calibration),
+cut to `prompt_tokens`; sparse-config models get one extra prompt longer than `dense_len`, so
+InfLLM v2 is exercised when dense_len allows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arkinfer.errors import ArkError
+
+EVAL_TEXT = Path(__file__).resolve().parents[1] / "data" / "corpus_eval.txt"
+N_PROMPTS = 6
+PROMPT_TOKENS = 96
+LONG_PROMPT_MAX = 2048
+
+
+class VerifyError(ArkError):
+    """The artifact failed the parity gate (or could not be checked)."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Pass when top1_agreement >= top1, mean_kl <= kl and ppl_delta <= ppl_delta."""
+
+    top1: float
+    kl: float
+    ppl_delta: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"top1": self.top1, "kl": self.kl, "ppl_delta": self.ppl_delta}
+
+
+# Per scheme class. Float and 8-bit must be near-lossless; 4-bit (RTN included) may lose a few
+# points of perplexity on a real model (SmolLM2 Q4_0: ~ +20 %). Ternary post-training
+# quantisation of a model not trained for it (BitNet-style training is what makes ternary work)
+# changes many top-1 choices, so its class gates mainly on perplexity: at most twice the float
+# model's. The demo model passes it; SmolLM2 (perplexity x100) fails it (see README).
+THRESHOLDS: dict[str, Thresholds] = {
+    "f32": Thresholds(top1=0.99, kl=0.001, ppl_delta=0.01),
+    "f16": Thresholds(top1=0.97, kl=0.01, ppl_delta=0.02),
+    "bf16": Thresholds(top1=0.95, kl=0.02, ppl_delta=0.03),
+    "8bit": Thresholds(top1=0.90, kl=0.05, ppl_delta=0.05),
+    "4bit": Thresholds(top1=0.70, kl=0.35, ppl_delta=0.35),
+    "ternary": Thresholds(top1=0.25, kl=2.0, ppl_delta=1.0),
+}
+
+
+def scheme_class(recipe, dtype: str) -> str:
+    if recipe is None:
+        return dtype
+    if recipe.calib == "ternary" or recipe.bits <= 2:
+        return "ternary"
+    return "8bit" if recipe.bits >= 8 else "4bit"
+
+
+def thresholds_for(recipe, dtype: str, overrides: dict[str, float] | None = None) -> Thresholds:
+    base = THRESHOLDS[scheme_class(recipe, dtype)].as_dict()
+    for key, value in (overrides or {}).items():
+        if key not in base:
+            raise ArkError(f"unknown threshold {key!r}; known: {', '.join(base)}",
+                           hint="write --threshold top1=0.8, kl=0.5 or ppl_delta=0.5")
+        base[key] = float(value)
+    return Thresholds(**base)
+
+
+def parse_threshold_overrides(items: list[str] | None) -> dict[str, float]:
+    """["top1=0.8", "kl=0.5"] -> {"top1": 0.8, "kl": 0.5} with errors naming the bad item."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ArkError(f"--threshold {item!r} is not KEY=NUMBER",
+                           hint="e.g. --threshold ppl_delta=2.0 --threshold top1=0.3") from None
+    return out
+
+
+def verification_prompts(tokenizer, raw_config: dict[str, Any], n: int = N_PROMPTS,
+                         prompt_tokens: int = PROMPT_TOKENS) -> list[list[int]]:
+    """Fixed prompts: the first `n` paragraphs of corpus_eval.txt cut to `prompt_tokens`, plus one
+    long prompt past `dense_len` for sparse-config models (when dense_len < LONG_PROMPT_MAX)."""
+    paragraphs = [p.strip() for p in EVAL_TEXT.read_text(encoding="utf-8").split("\n\n")
+                  if p.strip()]
+    prompts = [tokenizer.encode(p, add_special_tokens=False)[:prompt_tokens]
+               for p in paragraphs[:n]]
+    sparse = raw_config.get("sparse_config")
+    if sparse:
+        dense_len = int(sparse.get("dense_len", 8192))
+        want = max(dense_len, 0) + 128
+        if want <= LONG_PROMPT_MAX:
+            stream = tokenizer.encode("\n\n".join(paragraphs), add_special_tokens=False)
+            while len(stream) < want:
+                stream = stream + stream
+            prompts.append(stream[:want])
+    return [p for p in prompts if len(p) >= 2]
+
+
+@torch.no_grad()
+def parity_metrics(reference, artifact, prompts: list[list[int]], progress=None) -> dict[str, Any]:
+    """Compare two Runners (see module docstring) on `prompts`."""
+    agree = positions = 0
+    kl_sum = nll_ref = nll_art = 0.0
+    max_diff = 0.0
+    for i, ids in enumerate(prompts):
+        if progress is not None:
+            progress(f"prompt {i + 1}/{len(prompts)} ({len(ids)} tokens)")
+        ref = reference.window_logits(ids).double()
+        art = artifact.window_logits(ids).double()
+        if ref.shape != art.shape:
+            raise VerifyError(f"the artifact returned logits of shape {tuple(art.shape)} for "
+                              f"{len(ids)} tokens; the reference {tuple(ref.shape)}",
+                              hint="the artifact's vocabulary differs from its source model")
+        agree += int((ref.argmax(-1) == art.argmax(-1)).sum())
+        positions += ref.shape[0]
+        lp_ref, lp_art = torch.log_softmax(ref, -1), torch.log_softmax(art, -1)
+        kl_sum += float((lp_ref.exp() * (lp_ref - lp_art)).sum())
+        target = torch.tensor(ids[1:])[:, None]
+        nll_ref -= float(lp_ref[:-1].gather(1, target).sum())
+        nll_art -= float(lp_art[:-1].gather(1, target).sum())
+        max_diff = max(max_diff, float((ref - art).abs().max()))
+    scored = sum(len(p) - 1 for p in prompts)
+    ppl_ref, ppl_art = math.exp(nll_ref / scored), math.exp(nll_art / scored)
+    return {"prompts": len(prompts), "positions": positions,
+            "top1_agreement": agree / positions, "mean_kl": kl_sum / positions,
+            "ppl_reference": ppl_ref, "ppl_artifact": ppl_art, "ppl_delta": ppl_art / ppl_ref - 1,
+            "max_abs_logit_diff": max_diff}
+
+
+def tokenizer_agreement(reference_tokenizer, artifact, n: int = N_PROMPTS) -> float:
+    """Fraction of the prompt paragraphs the artifact's runtime tokenises to the same ids."""
+    paragraphs = [p.strip() for p in EVAL_TEXT.read_text(encoding="utf-8").split("\n\n")
+                  if p.strip()][:n]
+    same = sum(artifact.tokenize(p) == reference_tokenizer.encode(p, add_special_tokens=False)
+               for p in paragraphs)
+    return same / len(paragraphs)
+
+
+def judge(metrics: dict[str, Any], thresholds: Thresholds) -> list[str]:
+    """Failure lines naming the metric, its value and the threshold ([] = passed)."""
+    fails = []
+    if metrics["top1_agreement"] < thresholds.top1:
+        fails.append(f"top1_agreement {metrics['top1_agreement']:.4f} < threshold "
+                     f"{thresholds.top1}")
+    if metrics["mean_kl"] > thresholds.kl:
+        fails.append(f"mean_kl {metrics['mean_kl']:.4g} > threshold {thresholds.kl}")
+    if metrics["ppl_delta"] > thresholds.ppl_delta:
+        fails.append(f"ppl_delta {metrics['ppl_delta']:+.2%} > threshold "
+                     f"{thresholds.ppl_delta:+.2%} (perplexity {metrics['ppl_artifact']:.3f} vs "
+                     f"reference {metrics['ppl_reference']:.3f})")
+    return fails

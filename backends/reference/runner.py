@@ -1,0 +1,63 @@
+"""ArkInfer's PyTorch reference model as a Runner: the artifact's HF folder (float or quantised,
+dequantised by the format's numpy unpack) run eagerly on this CPU with a functional KV cache.
+
+    runner = ReferenceRunner(artifact / "model")
+    logits = runner.window_logits(ids)       # [T, V] float32 from an empty cache
+    runner.reset(); last = runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from arkinfer.frontend.checkpoint import load_model, open_checkpoint
+
+
+class ReferenceRunner:
+    """The reference model over `model_dir`; `dense=True` forces dense attention on sparse-config
+    (InfLLM v2) models, which otherwise run InfLLM v2 above `dense_len`."""
+
+    def __init__(self, model_dir: str | Path, dense: bool = False) -> None:
+        self.ckpt = open_checkpoint(model_dir)
+        self.model = load_model(self.ckpt)
+        self.tokenizer = self.ckpt.tokenizer
+        self.vocab_size = int(self.ckpt.config.vocab_size)
+        self.set_attention("dense" if dense else "sparse")
+        self.reset()
+
+    @property
+    def sparse_capable(self) -> bool:
+        return hasattr(self.model, "set_dense") and getattr(self.ckpt.config, "sparse_config",
+                                                            None) is not None
+
+    def set_attention(self, mode: str) -> None:
+        """"dense" or "sparse" (InfLLM v2 above dense_len; a no-op on dense-only models)."""
+        if hasattr(self.model, "set_dense"):
+            self.model.set_dense(mode == "dense")
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def reset(self) -> None:
+        self._cache = self.model.empty_cache(1)
+        self._pos = 0
+
+    @torch.no_grad()
+    def _step(self, ids: list[int]) -> torch.Tensor:
+        x = torch.tensor([ids], dtype=torch.long)
+        positions = torch.arange(self._pos, self._pos + len(ids))
+        logits, self._cache = self.model(x, positions, self._cache)
+        self._pos += len(ids)
+        return logits[0].float()
+
+    def window_logits(self, ids: list[int]) -> torch.Tensor:
+        self.reset()
+        return self._step(ids)
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        return self._step(ids)[-1]
+
+    def decode(self, token: int) -> torch.Tensor:
+        return self._step([token])[-1]
