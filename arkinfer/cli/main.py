@@ -13,7 +13,8 @@ import typer
 
 from arkinfer import __version__
 
-VERBS = ["targets", "inspect", "run", "eval", "import_", "quantize"]
+VERBS = ["targets", "inspect", "run", "eval", "import_", "quantize", "build", "verify", "bench",
+         "plan", "doctor"]
 
 app = typer.Typer(
     name="arkinfer",
