@@ -10,6 +10,7 @@ whole-row group). The layouts are those of `arkinfer.quant.formats` (specs/quant
 | gptq         | N·K·b/8              | ng·N fp16         | qzeros ng·N·b/8 (always) + g_idx K int32 |
 | awq          | N·K·b/8              | ng·N fp16         | qzeros ng·N·b/8 (always)                 |
 | mlx          | N·K·b/8              | ng·N fp16         | biases ng·N fp16 (always)                |
+| ternary      | N·K·2/8              | ng·N fp16         | none (ArkInfer's own ternary layout)     |
 | ort          | N·K·b/8              | ng·N fp32         | N·ceil(ng·b/8) uint8 when asymmetric     |
 | onnx-qdq     | ceil(N·K·b/8)        | ng·N fp32         | ceil(ng·N·b/8) uint8 when asymmetric     |
 | gguf-q4_0    | N·K/32 blocks x 18 B (fp16 d + 32 nibbles)                                |
@@ -52,7 +53,7 @@ def format_bytes(fmt: str, out_features: int, in_features: int, *, bits: int, gr
     if fmt in GGUF_BLOCKS:
         per_block, block_bytes = GGUF_BLOCKS[fmt]
         return n * (k // per_block) * block_bytes
-    if fmt == "marlin":
+    if fmt in ("marlin", "ternary"):
         return codes + 2 * ng * n
     if fmt == "gptq":
         return codes + ng * n * bits // 8 + 2 * ng * n + 4 * k
@@ -64,7 +65,7 @@ def format_bytes(fmt: str, out_features: int, in_features: int, *, bits: int, gr
         return codes + 4 * ng * n + (0 if sym else n * _ceil_div(ng * bits, 8))
     if fmt == "onnx-qdq":
         return _ceil_div(n * k * bits, 8) + 4 * ng * n + (0 if sym else _ceil_div(ng * n * bits, 8))
-    known = sorted([*GGUF_BLOCKS, "marlin", "gptq", "awq", "mlx", "ort", "onnx-qdq"])
+    known = sorted([*GGUF_BLOCKS, "marlin", "ternary", "gptq", "awq", "mlx", "ort", "onnx-qdq"])
     raise ConfigError(f"storage format {fmt!r} has no size formula in arkinfer.latency",
                       hint=f"known: {', '.join(known)}; add its row to latency/storage.py")
 
