@@ -146,7 +146,7 @@ class Plan:
                                    for n, b in self.target.backends.items()},
                 "ops": dict(self.ops()),
                 "predictions": [p.as_dict() for p in self.rows],
-                "fits": self.refusal() is None, "notes": self.notes}
+                "fits": self.smallest_fit().fits, "notes": self.notes}
 
 
 def fitting_alternatives(plan: Plan) -> str:
