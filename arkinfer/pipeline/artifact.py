@@ -48,8 +48,8 @@ def verify_artifact(path: str | Path, *, overrides: dict[str, float] | None = No
                     source: str | Path | None = None, step=None) -> dict[str, Any]:
     """Schema, hashes, then parity vs the float source (manifest's path unless `source`)."""
     from arkinfer.errors import CheckpointError
-    from arkinfer.quant.recipe import QuantRecipe
 
+    from .bench import recipe_of
     from .build import verify_runner
 
     path = Path(path)
@@ -64,11 +64,7 @@ def verify_artifact(path: str | Path, *, overrides: dict[str, float] | None = No
                           f"(sha256 {config_sha[:12]} vs {manifest['source']['config_sha256'][:12]})",
                           hint="pass --source with the checkpoint the artifact was built from")
     q = manifest["quant"]
-    recipe = None
-    if q["recipe"] is not None:
-        fields = dict(q["recipe"])
-        fields["skip"] = tuple(fields.get("skip", ()))
-        recipe = QuantRecipe(**fields)
+    recipe = recipe_of(manifest)
     base = dict(manifest["verification"]["thresholds"])
     base.update(overrides or {})
     result = verify_runner(runner, src, recipe, q.get("dtype", "f32"), base, step or (lambda m: None))

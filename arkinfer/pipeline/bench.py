@@ -153,7 +153,7 @@ def host_predictor(manifest: dict[str, Any], raw_config: dict[str, Any]):
     except ImportError:
         return None
     host = host_target(measure_if_missing=True)
-    cost = ModelCost.from_config(raw_config, quant=manifest["quant"]["scheme"])
+    cost = ModelCost.from_config(raw_config, quant=recipe_of(manifest) or manifest["quant"]["scheme"])
 
     def predictor(kind: str, size: int, depth: int, _unused: int, attention: str) -> float | None:
         mode = "sparse" if attention in ("sparse", "default") and raw_config.get("sparse_config") \
@@ -165,6 +165,16 @@ def host_predictor(manifest: dict[str, Any], raw_config: dict[str, Any]):
         return p.decode_tok_s
 
     return predictor
+
+
+def recipe_of(manifest: dict[str, Any]):
+    """The QuantRecipe an artifact was built with (None for float builds)."""
+    from arkinfer.quant.recipe import QuantRecipe
+
+    fields = manifest["quant"]["recipe"]
+    if fields is None:
+        return None
+    return QuantRecipe(**{**fields, "skip": tuple(fields.get("skip", ()))})
 
 
 def write_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:

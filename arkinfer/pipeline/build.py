@@ -288,7 +288,8 @@ def predict_for(plan: BuildPlan) -> dict[str, Any] | None:
         target = host_target(measure_if_missing=True)
     if target.bandwidth is None:
         return None
-    cost = ModelCost.from_config(plan.raw_config, quant=plan.quant)
+    cost = ModelCost.from_config(plan.raw_config,
+                                 quant=plan.recipe if plan.recipe is not None else plan.quant)
     attention = ["dense", "sparse"] if plan.raw_config.get("sparse_config") else ["dense"]
     return {a: {str(ctx): predict(cost, target, ctx=ctx, prompt=512, attention=a).as_dict()
                 for ctx in (4096, 32768, 131072)} for a in attention}

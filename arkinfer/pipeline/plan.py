@@ -121,6 +121,16 @@ def fit_recipe(recipe, raw: dict[str, Any], target, backend: str) -> tuple[Any, 
 
     if recipe is None or fits(recipe.format, recipe, raw):
         return recipe, []
+    shapes = sorted(set(linear_shapes(raw)))
+    if recipe.group_size > 0:  # e.g. 576-wide rows (SmolLM2) with the g128 presets
+        for group in (g for g in (64, 32) if g < recipe.group_size):
+            try:
+                smaller = replace(recipe, group_size=group)
+            except ArkError:
+                continue
+            if fits(recipe.format, smaller, raw):
+                return smaller, [(f"group size {recipe.group_size} does not divide this model's "
+                                 f"rows (linear shapes {shapes}); using group size {group}")]
     allowed = target.backend(backend).quant_formats
     for alt in FORMAT_FALLBACKS.get(recipe.format, ()):
         if alt in allowed and fits(alt, recipe, raw):

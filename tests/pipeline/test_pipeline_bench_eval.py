@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from arkinfer.quant.load import load_quantized
 from typer.testing import CliRunner
 
 from arkinfer.cli.main import app
 from arkinfer.generate import model_logits_fn, perplexity
 from arkinfer.pipeline.verify import EVAL_TEXT
-from arkinfer.quant.load import load_quantized
 
 runner = CliRunner()
 LLAMA_BENCH = ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "samples_ts", "avg_ns",
