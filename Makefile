@@ -21,9 +21,9 @@ test-all: setup
 	$(PY) -m pytest -q
 
 demo: setup
-	$(ARK) inspect demo
+	$(ARK) build demo --target host --quant q4_0 --force
+	$(ARK) bench dist/demo.host.q4_0 -p 128 -n 32 -r 3
 	$(ARK) run demo -p "What is bread made from?" -n 48
-	$(ARK) eval demo --text arkinfer/data/corpus_train.txt --ctx 256
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache dist
