@@ -19,7 +19,7 @@ from .gptq import (
     gptq_quantize,
     inverse_cholesky,
 )
-from .hessian import HessianAccumulator, prefix_mask
+from .hessian import HessianAccumulator, prefix_mask, prefix_split
 from .pgptq import PGPTQCalibrator, PGPTQConfig
 from .registry import (
     calibration_names,
@@ -58,6 +58,7 @@ __all__ = [
     "handler_for",
     "inverse_cholesky",
     "prefix_mask",
+    "prefix_split",
     "register",
     "search_clip",
     "search_scale",

@@ -130,16 +130,21 @@ class BlockRunner:
         return self.reference
 
     def hessians(self, names: list[str], keep: Tensor | None = None,
-                 stop: bool = True) -> dict[str, HessianAccumulator]:
+                 stop: bool = True, prefix: Tensor | None = None,
+                 prefix_cap: float = 0.0) -> dict[str, HessianAccumulator]:
         """Hessian accumulators of the inputs of `names` (float32 [in, in] via .hessian()).
-        `keep` bool [N, T] overrides the token mask (P-GPTQ drops the prefix). The forward runs
-        to the end (recording the float reference) when the block is pristine and has none."""
+        `keep` bool [N, T] overrides the token mask; `prefix` bool [N, T] marks P-GPTQ's prefix
+        tokens, added with `prefix_cap` (see hessian.py; 0 = dropped). The forward runs to the
+        end (recording the float reference) when the block is pristine and has none."""
         keep = self.mask if keep is None else keep.to(torch.bool)
-        accs = {n: HessianAccumulator(self.linear(n).in_features, self.full(n)) for n in names}
+        accs = {n: HessianAccumulator(self.linear(n).in_features, self.full(n), prefix_cap)
+                for n in names}
 
         def make(name: str) -> InputHook:
             def fn(x: Tensor, rows: slice) -> None:
                 accs[name].add(x, keep[rows])
+                if prefix is not None:
+                    accs[name].add_prefix(x, prefix[rows])
             return fn
 
         full = not stop or (self.pristine and self.reference is None)

@@ -33,7 +33,7 @@ from ..rtn import find_params, quantize_rtn, quantize_with
 from ..weight import UNIFORM_BITS, QuantError, QuantizedWeight
 from .base import BlockCalibrator, BlockResult, CalibContext
 from .block import SEQUENTIAL_GROUPS, BlockRunner
-from .hessian import prefix_mask
+from .hessian import prefix_split
 
 DEFAULT_BLOCK = 128
 
@@ -180,7 +180,9 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
 class GPTQConfig:
     """GPTQ settings (AutoGPTQ names in brackets): bits, group_size, sym, act_order [desc_act],
     static_groups, damp [damp_percent], block_size, true_sequential; prefix_skip: positions at
-    the start of every calibration sequence left out of the Hessian (0 = GPTQ, 4 = P-GPTQ)."""
+    the start of every calibration sequence treated apart in the Hessian (0 = GPTQ, 4 = P-GPTQ);
+    prefix_cap: those positions enter H with their norm capped at prefix_cap x the RMS norm of
+    the other tokens (0 = left out entirely; see hessian.py)."""
 
     bits: int = 4
     group_size: int = 128
@@ -191,6 +193,7 @@ class GPTQConfig:
     block_size: int = DEFAULT_BLOCK
     true_sequential: bool = True
     prefix_skip: int = 0
+    prefix_cap: float = 0.0
 
 
 class GPTQCalibrator(BlockCalibrator):
@@ -206,7 +209,10 @@ class GPTQCalibrator(BlockCalibrator):
         c = self.config
         text = (f"{self.name} {c.bits}-bit g{c.group_size} {'sym' if c.sym else 'asym'}"
                 f"{' act-order' if c.act_order else ''}{' static-groups' if c.static_groups else ''}")
-        return text + (f" skip-prefix {c.prefix_skip}" if c.prefix_skip else "")
+        if not c.prefix_skip:
+            return text
+        how = f" cap {c.prefix_cap:g}" if c.prefix_cap else ""
+        return text + f" prefix {c.prefix_skip}{how}"
 
     def _quantize(self, w: Tensor, h: Tensor, name: str, ctx: CalibContext) -> GPTQResult:
         c = self.config
@@ -217,7 +223,7 @@ class GPTQCalibrator(BlockCalibrator):
     @torch.no_grad()
     def quantize_block(self, runner: BlockRunner, ctx: CalibContext) -> BlockResult:
         result = BlockResult()
-        keep = prefix_mask(runner.mask, self.config.prefix_skip)
+        keep, prefix = prefix_split(runner.mask, self.config.prefix_skip)
         passes = ([[g] for g in SEQUENTIAL_GROUPS] if self.config.true_sequential
                   else [list(SEQUENTIAL_GROUPS)])
         for groups in passes:
@@ -234,7 +240,9 @@ class GPTQCalibrator(BlockCalibrator):
                     todo.append(names)
             if not todo:
                 continue
-            accs = runner.hessians([names[0] for names in todo], keep)
+            accs = runner.hessians([names[0] for names in todo], keep,
+                                   prefix=prefix if self.config.prefix_skip else None,
+                                   prefix_cap=self.config.prefix_cap)
             for names in todo:
                 h = accs.pop(names[0]).hessian(release=True)
                 for name in names:

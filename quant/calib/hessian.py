@@ -4,9 +4,19 @@
     acc.add(x, keep)          # x [..., in_features]; keep bool [...] (False = not counted)
     H = acc.hessian()         # float32 [in, in]; N = number of kept tokens
 
-`keep` is how padding is masked and how P-GPTQ drops the first `s` positions of every sequence
-(`prefix_mask`). Each batch's `xᵀx` is computed in float32 and summed in float64, so the result
-does not depend on how the tokens were split into batches beyond float32 rounding of one batch.
+    acc = HessianAccumulator(in_features, prefix_cap=10.0)      # P-GPTQ
+    acc.add(x, body); acc.add_prefix(x, prefix)                  # prefix_split(mask, s)
+
+`keep` is how padding is masked. P-GPTQ (specs/quant.md §3) treats the first `s` positions of
+every sequence apart (`prefix_split`): with `prefix_cap=0` they are left out of H (the literal
+MiniCPM4 rule, = `prefix_mask`); with `prefix_cap=c > 0` each prefix token `p` enters H rescaled
+to at most `c` times the RMS norm of the other tokens, `p · min(1, c·rms / ‖p‖)` with
+`rms² = Σ‖x‖² / N = trace(Σ x xᵀ) / N` over the non-prefix tokens. The cap keeps the direction
+of the attention-sink token in H (its output is what every later token attends to; dropped, GPTQ
+parks error on the columns that only the sink uses) without letting its 100-1000x norm dominate
+H. N counts prefix tokens too (GPTQ is invariant to the scale of H; only the damping reads it).
+Each batch's `xᵀx` is computed in float32 and summed in float64, so the result does not depend
+on how the tokens were split into batches beyond float32 rounding of one batch.
 """
 
 from __future__ import annotations
@@ -28,14 +38,27 @@ def prefix_mask(mask: torch.Tensor, skip: int) -> torch.Tensor:
     return out
 
 
-class HessianAccumulator:
-    """Running `Σ x xᵀ` (float64) and token count for one linear layer's input."""
+def prefix_split(mask: torch.Tensor, skip: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(body, prefix) bool [B, T]: real tokens at positions >= `skip` and < `skip` of every
+    sequence (padding is in neither). `skip=0`: (mask, all False)."""
+    body = prefix_mask(mask, skip)
+    return body, mask.to(torch.bool) & ~body
 
-    def __init__(self, in_features: int, name: str = "") -> None:
+
+class HessianAccumulator:
+    """Running `Σ x xᵀ` (float64) and token count for one linear layer's input; with
+    `prefix_cap` (P-GPTQ) also the prefix tokens, kept aside [n, in] float32 until `hessian()`."""
+
+    def __init__(self, in_features: int, name: str = "", prefix_cap: float = 0.0) -> None:
+        if prefix_cap < 0:
+            raise QuantError(f"prefix cap={prefix_cap} for {name or 'a linear'!r} is negative",
+                             "use 0 (drop the prefix) or a positive norm ratio such as 10")
         self.in_features = in_features
         self.name = name
+        self.prefix_cap = float(prefix_cap)
         self.sum = torch.zeros(in_features, in_features, dtype=torch.float64)
         self.count = 0
+        self.prefix: list[torch.Tensor] = []
 
     def add(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Add tokens `x` [..., in] (rows where `keep` [...] is False are ignored)."""
@@ -51,9 +74,38 @@ class HessianAccumulator:
         self.sum.add_(flat.T @ flat)  # float32 product, accumulated in float64 without a copy
         self.count += int(flat.shape[0])
 
+    def add_prefix(self, x: torch.Tensor, prefix: torch.Tensor) -> None:
+        """Keep the prefix tokens of `x` [..., in] (where `prefix` [...] is True) for the capped
+        contribution; nothing is kept when `prefix_cap` is 0 (the prefix is dropped)."""
+        if self.prefix_cap == 0:
+            return
+        if x.shape[-1] != self.in_features:
+            raise QuantError(f"input of {self.name or 'a linear'!r} has {x.shape[-1]} features; "
+                             f"the Hessian was made for {self.in_features}",
+                             "capture the input of the layer the accumulator belongs to")
+        flat = x.detach().reshape(-1, self.in_features).float()
+        rows = flat[prefix.reshape(-1).to(torch.bool)]
+        if rows.shape[0]:
+            self.prefix.append(rows.clone())
+
+    def _fold_prefix(self) -> None:
+        """Add the capped prefix tokens to the sum (rms from the body tokens' trace)."""
+        if not self.prefix:
+            return
+        p = torch.cat(self.prefix).double()
+        self.prefix = []
+        norms = p.norm(dim=1)
+        if self.count:
+            rms = (torch.diagonal(self.sum).sum() / self.count).sqrt()
+            factor = torch.clamp(self.prefix_cap * rms / norms.clamp_min(1e-30), max=1.0)
+            p = p * factor[:, None]
+        self.sum.add_(p.T @ p)
+        self.count += int(p.shape[0])
+
     def hessian(self, release: bool = False) -> torch.Tensor:
         """float32 [in, in]: (2/N) Σ x xᵀ; all zeros when no token was kept (every column dead).
         `release` frees the float64 sum (the accumulator cannot be used afterwards)."""
+        self._fold_prefix()
         if self.count == 0:
             h = torch.zeros(self.in_features, self.in_features)
         elif release:  # scale in place: no second float64 n x n tensor
