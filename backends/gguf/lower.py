@@ -70,7 +70,10 @@ def lower(request: LowerRequest) -> LowerResult:
     ckpt = open_checkpoint(request.model_dir, with_tokenizer=False)
     config = ckpt.config
     spec = arch_spec(config.model_type)
-    plan = plan_model(ckpt, spec, request.recipe, request.dtype, request.options)
+    source = None
+    if Path(request.source_dir).resolve() != Path(request.model_dir).resolve():
+        source = open_checkpoint(request.source_dir, with_tokenizer=False)
+    plan = plan_model(ckpt, spec, request.recipe, request.dtype, request.options, source)
     tok_dir = request.model_dir if (request.model_dir / "tokenizer.json").is_file() \
         else request.source_dir
     vocab = read_vocab(Path(tok_dir), config.vocab_size, ckpt.raw_config)
@@ -98,7 +101,7 @@ def lower(request: LowerRequest) -> LowerResult:
         writer.write_ti_data_to_file()
         for i, t in enumerate(plan.tensors):
             request.progress(f"tensor {i + 1}/{len(plan.tensors)} {t.name} ({t.qtype.name})")
-            writer.write_tensor_data(tensor_bytes(ckpt, t))
+            writer.write_tensor_data(tensor_bytes(ckpt, t, source))
     finally:
         writer.close()
     toolchain = {"gguf": _version("gguf") or "unknown"}

@@ -6,7 +6,11 @@
     plan.layers    # {"model.layers.0.mlp.up_proj": "Q4_0", ...}
 
 The rules are in tensors.py's docstring and README.md. Options: `embeddings=<type>` sets the
-type of token_embd / output in quantised builds (default q8_0; f32, f16, bf16, q8_0, q4_0, q4_1).
+type of token_embd / output (default q8_0 in quantised builds, the float dtype otherwise; f32,
+f16, bf16, q8_0, q4_0, q4_1). `rtn=ggml|folder` (RTN recipes only): "ggml" (default) quantises the
+float source with ggml's reference quantiser, so the blocks are byte-identical to llama-quantize's;
+"folder" copies ArkInfer's RTN blocks (a different rounding rule: scale 2·absmax/15 instead of
+ggml's d = max/-8). Calibrated recipes (GPTQ, P-GPTQ, AWQ, ternary) always keep the folder's blocks.
 """
 
 from __future__ import annotations
@@ -96,8 +100,10 @@ def _extra_tensors(spec: ArchSpec, config: Any) -> list[TensorPlan]:
 
 
 def plan_model(ckpt: Checkpoint, spec: ArchSpec, recipe: Any, dtype: str,
-               options: dict[str, str]) -> ModelPlan:
-    """Every tensor of `ckpt` with its GGUF name and ggml type (see the module docstring)."""
+               options: dict[str, str], source: Checkpoint | None = None) -> ModelPlan:
+    """Every tensor of `ckpt` with its GGUF name and ggml type (see the module docstring).
+
+    source: the float checkpoint `ckpt` was quantised from (used by `rtn=ggml`)."""
     if dtype not in FLOAT_TYPES:
         raise ArkError(f"dtype {dtype!r} is not a GGUF float type",
                        hint=f"use one of {', '.join(FLOAT_TYPES)}")
@@ -110,6 +116,11 @@ def plan_model(ckpt: Checkpoint, spec: ArchSpec, recipe: Any, dtype: str,
                        hint=f"use one of {', '.join(EMBED_CHOICES)}")
     explicit = "embeddings" in options
     embed_type = EMBED_CHOICES[embed_opt] if explicit else (EMBED_TYPE if quantised else float_type)
+    rtn = options.get("rtn", "ggml").lower()
+    if rtn not in ("ggml", "folder"):
+        raise ArkError(f"--option rtn={rtn} is not a choice", hint="use rtn=ggml or rtn=folder")
+    from_source = (quantised and recipe is not None and recipe.calib == "rtn" and rtn == "ggml"
+                   and source is not None)
     plan = ModelPlan(_extra_tensors(spec, ckpt.config))
     config = ckpt.config
     for hf_name, shape in _expected(ckpt).items():
@@ -124,7 +135,8 @@ def plan_model(ckpt: Checkpoint, spec: ArchSpec, recipe: Any, dtype: str,
             if not quantised:
                 raise ArkError(f"'{hf_name}' is stored as bytes but {ckpt.path}/config.json has "
                                "no quantization_config", hint="the folder is damaged; re-export it")
-            plan.tensors.append(TensorPlan(hf_name, name, shape, packed_type, "packed", heads))
+            kind = "source" if from_source else "packed"
+            plan.tensors.append(TensorPlan(hf_name, name, shape, packed_type, kind, heads))
             plan.layers[owner] = packed_type.name
             continue
         is_embed = name in ("token_embd.weight", "output.weight")
@@ -145,7 +157,11 @@ def plan_model(ckpt: Checkpoint, spec: ArchSpec, recipe: Any, dtype: str,
                               f"{qtype.name}")
         plan.tensors.append(TensorPlan(hf_name, name, shape, qtype, "float", heads))
         plan.layers[owner] = qtype.name
-    if quantised:
+    if from_source:
+        plan.notes.append(f"RTN recipe: linears quantised to {packed_type.name} from the float "
+                          "source by ggml's reference quantiser (bytes as llama-quantize writes "
+                          "them; --option rtn=folder keeps ArkInfer's RTN blocks)")
+    elif quantised:
         plan.notes.append(f"linears from the {fmt_name} folder: block bytes copied unchanged "
                           "(no re-rounding)")
     return plan

@@ -66,7 +66,8 @@ def fit_type(qtype: GGMLType, shape: tuple[int, ...]) -> tuple[GGMLType, list[GG
 class TensorPlan:
     """One GGUF tensor. shape: Hugging Face order ([out, in]); source: where the bytes come from
     ("float": a float tensor converted to `qtype`, "packed": block bytes of a gguf-* linear,
-    "data": `data` as given); permute_heads: q/k heads for llama.cpp's row permutation."""
+    "source": the float source checkpoint's tensor converted to `qtype`, "data": `data` as
+    given); permute_heads: q/k heads for llama.cpp's row permutation."""
 
     hf_name: str
     name: str
@@ -90,9 +91,11 @@ def _to_float(ckpt: Checkpoint, name: str) -> np.ndarray:
     return ckpt.weights.get(name).float().numpy()
 
 
-def tensor_bytes(ckpt: Checkpoint, plan: TensorPlan) -> np.ndarray:
+def tensor_bytes(ckpt: Checkpoint, plan: TensorPlan, source: Checkpoint | None = None
+                 ) -> np.ndarray:
     """The tensor's data for `GGUFWriter.write_tensor_data`: float32 / float16 arrays in the
-    plan's shape, or uint8 `[rows, row_bytes]` for block and BF16 types."""
+    plan's shape, or uint8 `[rows, row_bytes]` for block and BF16 types. `source`: the float
+    checkpoint "source" plans read from."""
     if plan.source == "data":
         return np.ascontiguousarray(plan.data, dtype=np.float32)
     if plan.source == "packed":
@@ -100,7 +103,11 @@ def tensor_bytes(ckpt: Checkpoint, plan: TensorPlan) -> np.ndarray:
         if plan.permute_heads:
             raw = permute_qk(raw, plan.permute_heads)
         return np.ascontiguousarray(raw)
-    x = _to_float(ckpt, plan.hf_name)
+    x = _to_float(source if plan.source == "source" else ckpt, plan.hf_name)
+    if tuple(x.shape) != tuple(plan.shape):
+        raise ArkError(f"'{plan.hf_name}' has shape {list(x.shape)} in the float source, "
+                       f"{list(plan.shape)} in the quantised folder",
+                       hint="give the float checkpoint the folder was quantised from")
     if plan.permute_heads:
         x = permute_qk(x, plan.permute_heads)
     x = np.ascontiguousarray(x, dtype=np.float32)

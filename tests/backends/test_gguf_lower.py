@@ -197,7 +197,7 @@ def _assert_blocks_copied(qdir: Path, gguf_path: Path, heads: dict[str, int]) ->
 def test_quantised_blocks_are_copied_without_rerounding(checkpoint, tmp_path, preset):
     folder = checkpoint("minicpm", **longrope_256("minicpm"))
     qdir = quantise(folder, get_preset(preset), tmp_path / "q")
-    result = lower(qdir, tmp_path / "art", get_preset(preset), source=folder)
+    result = lower(qdir, tmp_path / "art", get_preset(preset), source=folder, rtn="folder")
     kind = get_preset(preset).format.split("-")[1].upper()
     path = tmp_path / "art" / "model.gguf"
     assert _assert_blocks_copied(qdir, path, {"q_proj": 4, "k_proj": 2}) == 14
@@ -218,6 +218,28 @@ def test_quantised_blocks_are_copied_without_rerounding(checkpoint, tmp_path, pr
     embed_err = (ours - ref).abs().max().item()
     assert embed_err < 0.1 * ref.abs().max().item()
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.95
+
+
+@pytest.mark.parametrize("preset", ["q4_0", "q4_1", "q8_0"])
+def test_rtn_blocks_are_byte_identical_to_llama_quantize(checkpoint, tmp_path, preset):
+    """RTN recipes (default rtn=ggml): every layer tensor equals what llama.cpp's own quantiser
+    writes from our F32 GGUF of the same float weights."""
+    from arkinfer.backends.gguf.llamacpp_quantize import llamacpp_quantize
+
+    folder = checkpoint("minicpm", **longrope_256("minicpm"))
+    recipe = get_preset(preset)
+    qdir = quantise(folder, recipe, tmp_path / "q")
+    result = lower(qdir, tmp_path / "ours", recipe, source=folder)
+    assert any("ggml's reference quantiser" in n for n in result.notes)
+    lower(folder, tmp_path / "f32")
+    theirs = llamacpp_quantize(tmp_path / "f32" / "model.gguf", tmp_path / "theirs.gguf",
+                               preset.upper())
+    ours, ref = _gguf_tensors(tmp_path / "ours" / "model.gguf"), _gguf_tensors(theirs)
+    layer_tensors = [n for n in ref if n.startswith("blk.")]
+    assert len(layer_tensors) == 18
+    for name in layer_tensors:
+        assert ours[name].tensor_type == ref[name].tensor_type, name
+        assert np.array_equal(np.asarray(ours[name].data), np.asarray(ref[name].data)), name
 
 
 def test_ternary_blocks_and_fallback_to_q4_0(checkpoint, tmp_path):
