@@ -38,12 +38,13 @@ def _decode_rate(runner, prompt: list[int], steps: int, reps: int) -> list[float
 
 
 def _artifact(work: Path) -> Path:
-    from arkinfer.backend import LowerRequest, get_backend
-    from arkinfer.frontend.smollm2 import smollm2_hf_dir
     from arkinfer.quant import QuantRecipe
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib_data import calibration_from_ids
     from arkinfer.quant.export import export_folder
+
+    from arkinfer.backend import LowerRequest, get_backend
+    from arkinfer.frontend.smollm2 import smollm2_hf_dir
 
     recipe = QuantRecipe("rtn", "gptq", 4, 64, sym=True, skip=())
     ids = torch.randint(0, 49152, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -70,6 +71,7 @@ def _q4_0(src: Path, dst: Path) -> None:
 def run(threads: int, steps: int, reps: int, prompt_len: int) -> dict:
     from arkinfer.backends.gguf.runner import LlamaCppRunner
     from arkinfer.backends.tensorrt.runner import OnnxRunner
+
     from arkinfer.frontend.smollm2 import smollm2_gguf_path
 
     with tempfile.TemporaryDirectory() as tmp:
