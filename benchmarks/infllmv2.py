@@ -5,7 +5,9 @@ every row measures the sparse kernel; a model with dense_len=8192 runs dense bel
 Decode = one new query against the whole cache, the CompressedKeys state carried step to step
 (mean over consecutive steps, so the one-in-16 kernel emission is amortised); caches are flushed
 before every timed call (a real model reads another layer's KV in between). Prefill = the whole
-sequence in one call. Dense baseline: torch scaled_dot_product_attention.
+sequence in one call. Dense baseline: torch scaled_dot_product_attention on the same dtype.
+Sparse decode uses the C decode kernels when they build (fp32 cache, AVX2); `--torch-only` measures
+the pure-torch fallback instead.
 
     .venv/bin/python benchmarks/infllmv2.py                       # 8K..128K, prefill up to 32K
     .venv/bin/python benchmarks/infllmv2.py --contexts 8192,16384 --max-prefill 8192 --threads 1
@@ -14,6 +16,7 @@ sequence in one call. Dense baseline: torch scaled_dot_product_attention.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -33,6 +36,7 @@ from arkinfer.ops.infllmv2 import (
     infllmv2_attention,
     n_kernels,
 )
+from arkinfer.ops.infllmv2.native import kernels, torch_only
 
 HQ, HKV, D = 32, 2, 128
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -54,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3,
                    help="decode passes; the median pass is reported (default: %(default)s)")
     p.add_argument("--warm", action="store_true", help="do not flush caches between calls")
+    p.add_argument("--torch-only", action="store_true",
+                   help="sparse decode without the C kernels (the pure-torch fallback)")
     p.add_argument("--system-malloc", action="store_true",
                    help="keep glibc's default mmap/trim thresholds (by default they are raised so "
                         "freed temporaries are reused, as in a long-running server process)")
@@ -243,12 +249,18 @@ def targets(rows: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with torch_only() if args.torch_only else contextlib.nullcontext():
+        return run(args, argv)
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
     malloc_tuned = False if args.system_malloc else keep_freed_memory()
     cfg = replace(SparseConfig(), dense_len=-1)
     contexts = [int(c) for c in args.contexts.split(",")]
+    decode_kernels = "torch" if kernels() is None else "C (AVX2)"
     machine = machine_info(threads=torch.get_num_threads(), load_avg_at_start=os.getloadavg(),
                            malloc_tuned=malloc_tuned, **bandwidth_gbs())
     print(f"# {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
@@ -256,10 +268,12 @@ def main(argv: list[str] | None = None) -> int:
           f"read {machine['read_gbs']:.1f} GB/s; dtype {args.dtype}; "
           f"caches {'warm' if args.warm else 'flushed'}; glibc malloc "
           f"{'thresholds raised' if malloc_tuned else 'defaults'}; "
-          f"load average {machine['load_avg_at_start'][0]:.1f}", flush=True)
+          f"load average {machine['load_avg_at_start'][0]:.1f}; sparse decode kernels "
+          f"{decode_kernels}", flush=True)
     rows = []
     for length in contexts:
-        row = {"context": length, "decode": time_decode(length, cfg, dtype, args)}
+        row = {"context": length, "load_avg_before": os.getloadavg(),
+               "decode": time_decode(length, cfg, dtype, args)}
         print(f"  {length}: decode {row['decode']['dense_ms']:.2f} ms dense, "
               f"{row['decode']['sparse_ms']:.2f} ms sparse", flush=True)
         if length <= args.max_prefill:
@@ -278,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                 else sys.argv[1:])),
               "layer": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": args.dtype},
               "sparse_config": cfg.to_dict(), "caches_flushed": not args.warm,
+              "sparse_decode_kernels": decode_kernels,
               "machine": machine, "rows": rows, "targets": targets(rows)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

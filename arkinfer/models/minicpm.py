@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from torch import Tensor
 
@@ -27,9 +27,10 @@ from arkinfer.models.llama import (
     LlamaForCausalLM,
     expected_weights,
 )
+from arkinfer.ops.infllmv2.common import CompressedKeys
 from arkinfer.ops.infllmv2.config import SparseConfig
 
-__all__ = ["MiniCPMConfig", "MiniCPMForCausalLM", "expected_weights"]
+__all__ = ["MiniCPMConfig", "MiniCPMForCausalLM", "SparseLayerCache", "expected_weights"]
 
 
 @dataclass(frozen=True)
@@ -74,16 +75,46 @@ class MiniCPMConfig(LlamaConfig):
 SparseImpl = Literal["fast", "reference"]
 
 
+class SparseLayerCache(tuple):
+    """One layer's cache (k, v) — a plain 2-tuple to every caller — that also carries `infllm`,
+    the InfLLM v2 compressed keys (`CompressedKeys`) of the first `infllm.length` keys of k.
+
+    A sparse MiniCPM layer returns one of these, and reads `infllm` back from the cache it is
+    given, so decode extends the compressed keys incrementally instead of recompressing the whole
+    cache every step. A plain (k, v) tuple (a fresh cache, or one rebuilt by the caller) simply
+    has no state: the layer recompresses, with the same result.
+    """
+
+    infllm: CompressedKeys | None
+
+    def __new__(cls, k: Tensor, v: Tensor, infllm: CompressedKeys | None) -> Self:
+        cache = super().__new__(cls, (k, v))
+        cache.infllm = infllm
+        return cache
+
+
+def carried_state(cache: tuple[Tensor, Tensor]) -> CompressedKeys | None:
+    """The compressed keys a cache carries, if they can still describe its keys: a state covering
+    more keys than the cache holds (the caller cut the cache back) is dropped."""
+    state = getattr(cache, "infllm", None)
+    if state is None or state.length > cache[0].shape[2]:
+        return None
+    return state
+
+
 class MiniCPMAttention(Attention):
     """GQA attention that switches to InfLLM v2 at `dense_len` when sparse_config is present.
 
     `sparse_impl` picks the fast CPU implementation (default) or the literal reference; both are
-    held to the same conformance suite. Each call recompresses the keys of the whole cache
-    (state=None): correct for any call sequence, O(L) per decode step.
+    held to the same conformance suite. The compressed keys travel with the KV cache
+    (`SparseLayerCache`): cache in, cache out, nothing kept in the module between calls.
     """
 
     force_dense: bool = False
     sparse_impl: SparseImpl = "fast"
+    # [state] only during one forward call: the carried state in, the updated one out. A direct
+    # attend() call (no cache at hand) carries nothing.
+    _carry: list[CompressedKeys | None] | None = None
 
     def __init__(self, cfg: MiniCPMConfig) -> None:
         super().__init__(cfg)
@@ -92,6 +123,18 @@ class MiniCPMAttention(Attention):
             raise NotAvailableError(
                 "sparse_config.use_nope=true (block selection on pre-RoPE keys) is not wired into "
                 "the reference model yet", hint="set use_nope to false (MiniCPM4.1's value)")
+
+    def forward(self, x: Tensor, positions: Tensor, rope: tuple[Tensor, float],
+                cache: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Attention.forward, with the InfLLM v2 state read from and returned in the cache."""
+        self._carry = [carried_state(cache)]
+        try:
+            out, (k, v) = super().forward(x, positions, rope, cache)
+            state = self._carry[0]
+        finally:
+            self._carry = None
+        # Without a state (dense so far, or while tracing the IR) the cache stays a plain tuple.
+        return out, (k, v) if state is None else SparseLayerCache(k, v, state)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         # Read dense_len from self.cfg on every call: IR tracing swaps in a config whose
@@ -104,8 +147,12 @@ class MiniCPMAttention(Attention):
 
         impl = infllmv2.infllmv2_attention if self.sparse_impl == "fast" else \
             reference.infllmv2_attention
-        out, _state, _idx = impl(q, k, v, config=self.sparse, scale=1.0 / math.sqrt(self.d),
-                                 cache_len=k.shape[2] - q.shape[2])
+        carry = self._carry
+        out, state, _idx = impl(q, k, v, config=self.sparse, scale=1.0 / math.sqrt(self.d),
+                                cache_len=k.shape[2] - q.shape[2],
+                                state=None if carry is None else carry[0])
+        if carry is not None:
+            carry[0] = state
         return out
 
 

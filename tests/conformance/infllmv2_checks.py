@@ -16,7 +16,12 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from arkinfer.ops.infllmv2 import CompressedKeys, SparseConfig, compress_keys, dense_attention
+from arkinfer.ops.infllmv2 import (
+    CompressedKeys,
+    SparseConfig,
+    compress_keys,
+    dense_attention,
+)
 from arkinfer.ops.infllmv2 import reference as ref
 
 # Output tolerance per dtype, one table for every comparison: (atol, rtol). bf16 outputs are

@@ -111,6 +111,19 @@ def test_decode_incremental_state(impl, dense_len):
     check_decode(impl, q, k, v, replace(SMALL, dense_len=dense_len), prompt=150)
 
 
+# Decode (one query per call, state carried) for every group size x head_dim x dtype: the fast
+# path's decode kernels specialise on these (C kernels for groups 8 and 16, torch otherwise).
+# Lengths 190..207 cross a block boundary, so steps with and without a partial last block occur.
+@pytest.mark.parametrize("group,d,dtype", [
+    pytest.param(group, d, dtype, id=f"g{group}-d{d}-{str(dtype)[6:]}")
+    for group, d, dtype in product((1, 2, 8, 16), (64, 128), (F32, BF16))])
+def test_decode_matches_reference_every_group(impl, group, d, dtype):
+    _not_reference(impl, dtype)
+    hkv = 2 if group <= 8 else 1
+    q, k, v = random_qkv(group * hkv, hkv, d, 208, dtype, batch=1 + (group == 8), seed=30 + group)
+    check_decode(impl, q, k, v, SMALL, prompt=190)
+
+
 def test_decode_crossing_minicpm_dense_len(impl):
     q, k, v = random_qkv(4, 2, 64, 8192 + 8, seed=12)
     check_decode(impl, q, k, v, DEFAULT, prompt=8189)

@@ -8,7 +8,11 @@
 from arkinfer.ops.infllmv2.common import CompressedKeys, dense_attention, n_kernels
 from arkinfer.ops.infllmv2.compress import compress_keys, update_compressed
 from arkinfer.ops.infllmv2.config import SparseConfig
-from arkinfer.ops.infllmv2.fast import block_sparse_attention, infllmv2_attention, select_blocks
+from arkinfer.ops.infllmv2.fast import (
+    block_sparse_attention,
+    infllmv2_attention,
+    select_blocks,
+)
 
 __all__ = ["CompressedKeys", "SparseConfig", "block_sparse_attention", "compress_keys",
            "dense_attention", "infllmv2_attention", "n_kernels", "select_blocks",

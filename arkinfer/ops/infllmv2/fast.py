@@ -2,17 +2,29 @@
 
 Stages: `compress.update_compressed` (incremental: only kernels completed by new keys are
 computed), `select.select_blocks` (chunked scoring, exact int64 top-k) and
-`sparse_attention.block_sparse_attention` (gathers only selected blocks). Same results as
-`reference.py`: identical block indices (up to float near-ties) and outputs within tolerance.
+`sparse_attention.block_sparse_attention` (gathers only selected blocks); a sparse decode step
+(one query) runs `decode.py`, both stages fused. Same results as `reference.py`: identical block
+indices (up to float near-ties) and outputs within tolerance.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from arkinfer.ops.infllmv2.common import AttentionResult, CompressedKeys, run_infllmv2
+from arkinfer.ops.infllmv2.common import (
+    AttentionResult,
+    CompressedKeys,
+    check_inputs,
+    run_infllmv2,
+)
 from arkinfer.ops.infllmv2.compress import update_compressed
 from arkinfer.ops.infllmv2.config import SparseConfig
+from arkinfer.ops.infllmv2.decode import (
+    decode_attention,
+    decode_idx,
+    decode_is_sparse,
+    decode_select,
+)
 from arkinfer.ops.infllmv2.select import select_blocks
 from arkinfer.ops.infllmv2.sparse_attention import block_sparse_attention
 
@@ -38,6 +50,13 @@ def infllmv2_attention(q: Tensor, k: Tensor, v: Tensor, *, config: SparseConfig,
     state is the CompressedKeys of the whole cache and idx int64 [B, Hkv, T, budget] holds each
     query's selected blocks in ascending order followed by -1 padding.
     """
+    if q.shape[2] == 1 and not config.is_dense(k.shape[2]) and decode_is_sparse(cache_len, config):
+        check_inputs(q, k, v, cache_len, config, state, q_sel, k_sel)
+        sel_q, sel_k = (q_sel, k_sel) if q_sel is not None else (q, k)
+        keys = update_compressed(sel_k, config, state)
+        far = decode_select(sel_q, keys, config=config, scale=scale, cache_len=cache_len)
+        out = decode_attention(q, k, v, far, config=config, scale=scale, cache_len=cache_len)
+        return out, keys, decode_idx(far, config, cache_len, q.shape[0])
     return run_infllmv2(q, k, v, config=config, scale=scale, cache_len=cache_len, state=state,
                         q_sel=q_sel, k_sel=k_sel, compress=update_compressed,
                         select=select_blocks, attend=block_sparse_attention)

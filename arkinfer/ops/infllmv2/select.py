@@ -17,6 +17,7 @@ from torch import Tensor
 
 from arkinfer.ops.infllmv2.common import CompressedKeys, check_keys_cover, n_kernels
 from arkinfer.ops.infllmv2.config import SparseConfig
+from arkinfer.ops.infllmv2.decode import decode_idx, decode_select
 
 __all__ = ["select_blocks"]
 
@@ -47,9 +48,10 @@ def select_blocks(q: Tensor, keys: CompressedKeys, *, config: SparseConfig, scal
         idx[:, :, :t_full] = torch.where(slots <= qb[:t_full, None], slots, -1)
     if t_full == t:
         return idx
-    if t - t_full == 1:      # decode
-        s = _kernel_scores_one(q[:, :, t_full:], keys, scale)
-        idx[:, :, t_full:] = _pool_topk(s, config, pos[t_full:])
+    if t - t_full == 1:      # decode: the last query sees every cached key
+        p = cache_len + t_full
+        far = decode_select(q[:, :, t_full:], keys, config=config, scale=scale, cache_len=p)
+        idx[:, :, t_full:] = decode_idx(far, config, p, b)
         return idx
     # Many queries: pad the kernel axis to a multiple of 16 (sgemm runs ~30% slower on odd
     # widths) and append a ones column to the fine keys, so that with q' = [q, -lse] one matmul
@@ -67,23 +69,6 @@ def select_blocks(q: Tensor, keys: CompressedKeys, *, config: SparseConfig, scal
 def _pad_rows(x: Tensor) -> Tensor:
     """Zero-pad dim 2 (kernels) of [B, H, n, D] to a multiple of 16."""
     return F.pad(x, (0, 0, 0, -x.shape[2] % 16))
-
-
-def _kernel_scores_one(q: Tensor, keys: CompressedKeys, scale: float) -> Tensor:
-    """One query after every cached key (decode: every complete kernel is visible).
-    q [B, Hq, 1, D] -> s [B, Hkv, 1, n1] = sum over the group of exp(q.Kc1 - lse)."""
-    b, hq, _, d = q.shape
-    hkv = keys.fine.shape[1]
-    qf = q.float().mul(scale).view(b, hkv, hq // hkv, d)
-    out = torch.empty(b, hkv, 1, keys.fine.shape[2])
-    for bi in range(b):
-        for g in range(hkv):
-            # Keys as the tall left operand ([n, D] @ [D, G]): ~1.3x faster than q @ K^T here.
-            qt = qf[bi, g].T                                                  # [D, G]
-            lse = torch.logsumexp(keys.coarse[bi, g] @ qt, dim=0)             # [G]
-            p = keys.fine[bi, g] @ (qt * _LOG2E)                              # [n1, G]
-            out[bi, g, 0] = p.sub_(lse * _LOG2E).exp2_().sum(dim=1)
-    return torch.nan_to_num_(out, nan=0.0)
 
 
 def _kernel_scores_chunk(q: Tensor, fine: Tensor, coarse: Tensor, config: SparseConfig,
