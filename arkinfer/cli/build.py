@@ -139,6 +139,13 @@ def command(
         ("verify", (f"passed: top-1 {v['top1_agreement']:.3f}, KL {v['mean_kl']:.4f}, "
                    f"ppl {v['ppl_reference']:.2f} -> {v['ppl_artifact']:.2f} "
                    f"({v['ppl_delta']:+.1%})")),
+        *([("runtime fidelity", _fidelity(m["verification"]["fidelity"]))]
+          if "fidelity" in m["verification"] else []),
         ("notes", "; ".join(m["backend"]["notes"]) or "-"),
     ])
     console.print(f"next: arkinfer bench {result.path}")
+
+
+def _fidelity(f: dict) -> str:
+    return (f"top-1 {f['top1_agreement']:.3f} (>= {f['threshold_top1']}), max |logit diff| "
+            f"{f['max_abs_logit_diff']:.3g} vs the reference model on {f['reference_weights']}")

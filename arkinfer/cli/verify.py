@@ -55,6 +55,14 @@ def command(
             ["max_abs_logit_diff", f"{m['max_abs_logit_diff']:.4g}", "(reported)"],
             ["tokenizer_agreement", f"{m['tokenizer_agreement']:.2f}", "= 1.0"],
         ])
+        if "fidelity" in result:
+            f = result["fidelity"]
+            print_table(f"runtime vs the reference model on the same quantised weights "
+                        f"({f['reference_weights']})", ["metric", "value", "threshold"], [
+                            ["top1_agreement", f"{f['top1_agreement']:.4f}",
+                             f">= {f['threshold_top1']}"],
+                            ["mean_kl", f"{f['mean_kl']:.6f}", "(reported)"],
+                            ["max_abs_logit_diff", f"{f['max_abs_logit_diff']:.4g}", "(reported)"]])
         print_kv("integrity", [("files", result["integrity"])])
     if not result["passed"]:
         raise VerifyError(f"{artifact} failed verification: " + "; ".join(result["failures"]),

@@ -50,7 +50,7 @@ def verify_artifact(path: str | Path, *, overrides: dict[str, float] | None = No
     from arkinfer.errors import CheckpointError
 
     from .bench import recipe_of
-    from .build import verify_runner
+    from .build import backend_fidelity, verify_runner
 
     path = Path(path)
     manifest, runner = load_runner(path, step=step)
@@ -67,7 +67,14 @@ def verify_artifact(path: str | Path, *, overrides: dict[str, float] | None = No
     recipe = recipe_of(manifest)
     base = dict(manifest["verification"]["thresholds"])
     base.update(overrides or {})
-    result = verify_runner(runner, src, recipe, q.get("dtype", "f32"), base, step or (lambda m: None))
+    step = step or (lambda m: None)
+    result = verify_runner(runner, src, recipe, q.get("dtype", "f32"), base, step)
+    fidelity = backend_fidelity(get_backend(manifest["backend"]["name"]), path, runner, step)
+    if fidelity is not None:
+        result["fidelity"] = fidelity
+        if not fidelity["passed"]:
+            result["passed"] = False
+            result["failures"].append(fidelity["failure"])
     result["artifact"] = str(path)
     result["integrity"] = f"{len(manifest['files'])} files match the manifest"
     return result

@@ -193,6 +193,12 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
     runner = backend.load(staging, partial)
     verification = verify_runner(runner, plan.source, plan.recipe, plan.dtype,
                                  threshold_overrides, rep.step)
+    fidelity = backend_fidelity(backend, staging, runner, rep.step)
+    if fidelity is not None:
+        verification["fidelity"] = fidelity
+        if not fidelity["passed"]:
+            verification["passed"] = False
+            verification["failures"].append(fidelity["failure"])
     del runner
     done("verify", "passed" if verification["passed"] else
          "FAILED: " + "; ".join(verification["failures"]))
@@ -211,7 +217,7 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
         "ir": {"ops": dict(sorted(op_counts.items())), "entry_points": list(program.entries),
                "passes": list(ir.DEFAULT_PIPELINE)},
         "backend": {"name": plan.backend, "ops": lowered.ops, "toolchain": lowered.toolchain,
-                    "notes": [*plan.notes, *lowered.notes], "layers": lowered.layers},
+                    "notes": list(dict.fromkeys([*plan.notes, *lowered.notes])), "layers": lowered.layers},
         "target": {"id": plan.target.id, "name": plan.target.name,
                    "profile_sha256": _sha_or_none(Path(plan.target.path)) if plan.target.path
                    else None, "codegen": plan.target.codegen.to_dict()},
@@ -240,6 +246,35 @@ def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
                         "artifact's runtime tokenises the prompts differently)")
     return {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,
             "failures": failures, "prompt_lengths": [len(p) for p in prompts]}
+
+
+def backend_fidelity(backend, artifact: Path, runner, step) -> dict[str, Any] | None:
+    """The backend's runtime against ArkInfer's reference model over the *same* quantised weights
+    (the backend's `reference_weights(artifact)`: e.g. the Marlin checkpoint of a tensorrt
+    artifact, or the GGUF file itself): isolates lowering/runtime error from quantisation error.
+    Gate: top-1 agreement >= the backend's `fidelity_top1` (default 0.99). None when the backend
+    is the reference itself or has no reference weights."""
+    if backend.name == "reference" or not hasattr(backend, "reference_weights"):
+        return None
+    from arkinfer.backends.reference.runner import ReferenceRunner
+
+    weights = backend.reference_weights(artifact)
+    if weights is None:
+        return None
+    step(f"load the quantised reference ({Path(weights).name})")
+    quantised = ReferenceRunner(weights)
+    prompts = verification_prompts(quantised.tokenizer, _config(quantised.ckpt.path))
+    m = parity_metrics(quantised, runner, prompts, step)
+    need = float(getattr(backend, "fidelity_top1", 0.99))
+    out = {"reference_weights": Path(weights).relative_to(artifact).as_posix()
+           if Path(weights).is_relative_to(artifact) else str(weights),
+           "top1_agreement": m["top1_agreement"], "mean_kl": m["mean_kl"],
+           "max_abs_logit_diff": m["max_abs_logit_diff"], "threshold_top1": need,
+           "passed": m["top1_agreement"] >= need}
+    if not out["passed"]:
+        out["failure"] = (f"fidelity top1_agreement {m['top1_agreement']:.4f} < threshold {need} "
+                          f"(runtime vs the reference model on the same quantised weights)")
+    return out
 
 
 def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[str, Any], Path]:

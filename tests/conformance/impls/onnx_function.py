@@ -12,4 +12,4 @@ pytest.importorskip("onnxruntime", reason="pip install 'arkinfer[onnx]'")
 from arkinfer.backends.tensorrt.infllmv2_session import infllmv2_attention_ort
 
 IMPL = Infllmv2Impl("onnx_function", infllmv2_attention_ort, tracks_memory=False,
-                    sparse_is_fast=False)
+                    sparse_is_fast=False, exact_dense=False)
