@@ -48,5 +48,11 @@ class TensorRTBackend:
         return OnnxRunner(artifact_dir, ops=ops or runner_cfg.get("ops", "contrib"),
                           threads=threads)
 
+    def reference_weights(self, artifact_dir: str | Path) -> Path | None:
+        """The `hf/` checkpoint (Marlin / GPTQ / AWQ) the ONNX graph was lowered from: the
+        pipeline runs ArkInfer's reference model on it to check onnxruntime's fidelity."""
+        hf = Path(artifact_dir) / "hf"
+        return hf if (hf / "config.json").is_file() else None
+
 
 BACKEND = TensorRTBackend()
