@@ -93,7 +93,8 @@ def command(
     spec = BenchSpec(_ints(prompts, "-p"), _ints(gens, "-n"), _ints(depths, "-d"), repetitions,
                      warmup, modes)
     with err_console.status("loading") as status:
-        manifest, runner = load_runner(artifact, step=lambda m: status.update(f"loading: {m}"))
+        manifest, runner = load_runner(artifact, bench=True,
+                                       step=lambda m: status.update(f"loading: {m}"))
         if attention != Attention.default and not manifest["source"].get("sparse_config"):
             raise ArkError(f"--attention {attention.value}: {manifest['name']} has no "
                            "sparse_config, so it only runs dense attention",

@@ -28,8 +28,10 @@ def check_integrity(path: Path, manifest: dict[str, Any], step=None) -> None:
                           "with `arkinfer build`")
 
 
-def load_runner(path: str | Path, *, check: bool = True, step=None):
-    """(manifest, Runner) of the artifact at `path`; with `check` the file hashes are verified."""
+def load_runner(path: str | Path, *, check: bool = True, step=None, bench: bool = False):
+    """(manifest, Runner) of the artifact at `path`; with `check` the file hashes are verified.
+    `bench=True` asks backends that support it for a runner tuned for timing (e.g. llama.cpp
+    without all-position logits, like llama-bench)."""
     path = Path(path)
     manifest = mf.read_manifest(path)
     if check:
@@ -41,6 +43,10 @@ def load_runner(path: str | Path, *, check: bool = True, step=None):
         raise NotAvailableError(f"artifact {path.name} needs backend "
                                 f"{backend.name!r}, which is not installed",
                                 hint=backend.install_hint())
+    import inspect
+
+    if bench and "bench" in inspect.signature(backend.load).parameters:
+        return manifest, backend.load(path, manifest, bench=True)
     return manifest, backend.load(path, manifest)
 
 
