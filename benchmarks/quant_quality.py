@@ -40,7 +40,19 @@ METHODS = {
     "rtn-sym": ("rtn", "gptq", 4, 64, True, False, {}, "RTN 4-bit g64 sym"),
     "rtn-asym": ("rtn", "awq", 4, 64, False, False, {}, "RTN 4-bit g64 asym"),
     "gptq": ("gptq", "gptq", 4, 64, True, False, {}, "GPTQ 4-bit g64 sym"),
-    "pgptq": ("pgptq", "gptq", 4, 64, True, False, {}, "P-GPTQ 4-bit g64 sym (skip 4)"),
+    "pgptq": ("pgptq", "gptq", 4, 64, True, False, {}, "P-GPTQ 4-bit g64 sym (prefix 4, cap 10)"),
+    "pgptq-drop": ("pgptq", "gptq", 4, 64, True, False, {"prefix_cap": 0.0},
+                   "P-GPTQ 4-bit g64 sym, prefix 4 dropped (literal rule)"),
+    "pgptq-act": ("pgptq", "gptq", 4, 64, True, True, {},
+                  "P-GPTQ 4-bit g64 sym act-order (prefix 4, cap 10)"),
+    # GGUF Q4_0 layout (4.5 bpw, as llama.cpp's Q4_0): act-order needs static groups (no g_idx)
+    "rtn-q4_0": ("rtn", "gguf-q4_0", 4, 32, True, False, {}, "RTN 4-bit g32 sym -> GGUF Q4_0"),
+    "pgptq-g32-act": ("pgptq", "gptq", 4, 32, True, True, {},
+                      "P-GPTQ 4-bit g32 sym act-order (prefix 4, cap 10)"),
+    "gptq-q4_0": ("gptq", "gguf-q4_0", 4, 32, True, True, {"static_groups": True},
+                  "GPTQ 4-bit g32 sym act-order static groups -> GGUF Q4_0"),
+    "pgptq-q4_0": ("pgptq", "gguf-q4_0", 4, 32, True, True, {"static_groups": True},
+                   "P-GPTQ 4-bit g32 sym act-order static groups -> GGUF Q4_0"),
     "awq": ("awq", "awq", 4, 64, False, False, {}, "AWQ 4-bit g64 asym"),
     # investigation of the GPTQ target (act-order, damping, group size, zero points)
     "gptq-act": ("gptq", "gptq", 4, 64, True, True, {}, "GPTQ 4-bit g64 sym act-order"),
@@ -54,8 +66,8 @@ METHODS = {
                       "GPTQ 4-bit g64 asym act-order static groups (awq layout)"),
 }
 ORDER = ["float", "rtn-sym", "gptq", "pgptq", "rtn-asym", "awq", "ternary", "llama.cpp-q4_1",
-         "llama.cpp-q4_0", "gptq-act", "gptq-act-damp0.1", "gptq-asym-act", "gptq-g32-act",
-         "rtn-g32-asym", "gptq-g32-asym-act"]
+         "llama.cpp-q4_0", "rtn-q4_0", "gptq-q4_0", "pgptq-q4_0", "gptq-act", "pgptq-act", "pgptq-drop",
+         "gptq-act-damp0.1", "gptq-asym-act", "gptq-g32-act", "pgptq-g32-act", "rtn-g32-asym", "gptq-g32-asym-act"]
 
 
 def eval_ids(tokenizer) -> list[int]:

@@ -83,6 +83,9 @@ PRESETS: dict[str, QuantRecipe] = {
     "gptq": QuantRecipe("gptq", "gptq", 4, 128, sym=True),
     "awq": QuantRecipe("awq", "awq", 4, 128, sym=False),
     "q4_0": QuantRecipe("rtn", "gguf-q4_0", 4, 32, sym=True),
+    # GPTQ-calibrated Q4_0 (llama.cpp's block layout); P-GPTQ: see quant/calib/pgptq.py
+    "gptq-q4_0": QuantRecipe("gptq", "gguf-q4_0", 4, 32, sym=True),
+    "pgptq-q4_0": QuantRecipe("pgptq", "gguf-q4_0", 4, 32, sym=True),
     "q4_1": QuantRecipe("rtn", "gguf-q4_1", 4, 32, sym=False),
     "q8_0": QuantRecipe("rtn", "gguf-q8_0", 8, 32, sym=True),
     "ternary": QuantRecipe("ternary", "gguf-tq2_0", 2, -1, sym=True),

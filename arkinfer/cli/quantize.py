@@ -33,6 +33,8 @@ EXAMPLES = [
     ("arkinfer quantize ./smollm2-hf --method awq --group-size 64 --format awq --calib my.jsonl "
      "--samples 64 --seq-len 512 -o ./smollm2-awq --json"),
     "arkinfer quantize ./model --method pgptq --act-order --format gptq -o ./model-pgptq --strict",
+    ("arkinfer quantize ./smollm2-hf --preset gptq-q4_0 --act-order --static-groups "
+     "-o ./smollm2-q4_0"),
 ]
 
 
@@ -90,6 +92,10 @@ def command(
     sym: Annotated[bool | None, typer.Option("--sym/--asym", help="Symmetric or asymmetric "
                                              "codes (default: asym for awq).")] = None,
     act_order: Annotated[bool, typer.Option("--act-order", help="GPTQ act-order (desc_act).")] = False,
+    static_groups: Annotated[bool, typer.Option(
+        "--static-groups", help="GPTQ: group scales fixed before the columns are processed; with "
+        "--act-order no g_idx is needed, so formats without one (gguf-q4_0, awq, mlx) take "
+        "act-order.")] = False,
     fmt: Annotated[str | None, typer.Option("--format", help="Storage format: gptq, marlin, awq, "
                                             "gguf-q4_0, gguf-tq2_0, mlx, ort, ...")] = None,
     preset: Annotated[str | None, typer.Option("--preset", help="Named recipe: marlin, gptq, "
@@ -116,8 +122,9 @@ def command(
     from arkinfer.quant.calib_data import load_calibration
     from arkinfer.quant.export import export_folder
 
-    recipe = build_recipe(method.value if method else None, bits, group_size, sym, act_order,
-                          fmt, preset, quantize_lm_head)
+    # act-order over static groups leaves g_idx static: the recipe (format check) has no desc_act
+    recipe = build_recipe(method.value if method else None, bits, group_size, sym,
+                          act_order and not static_groups, fmt, preset, quantize_lm_head)
     if out.exists() and any(out.iterdir()) and not force:
         raise ArkError(f"output folder {out} exists and is not empty",
                        hint="pick another -o folder or pass --force to replace it")
@@ -129,7 +136,9 @@ def command(
     eos = eos[0] if isinstance(eos, list) and eos else eos
     data = load_calibration(ckpt.tokenizer, calib, samples, seq_len, seed,
                             eos if isinstance(eos, int) else None)
-    options = {"damp": damp} if damp is not None else {}
+    options: dict = {"damp": damp} if damp is not None else {}
+    if static_groups:
+        options.update(static_groups=True, act_order=act_order)
     work = work_dir or out.with_name(out.name + ".work")
     if json_out:
         run = calibrate(ckpt, recipe, data, work, options=options, resume=resume, strict=strict)

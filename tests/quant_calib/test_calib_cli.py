@@ -75,3 +75,20 @@ def test_build_recipe_defaults_and_overrides():
     assert (r.calib, r.format, r.group_size, r.skip) == ("gptq", "marlin", 128, ())
     r = quantize.build_recipe("ternary", None, None, None, False, None, None, False)
     assert (r.format, r.bits, r.group_size) == ("gguf-tq2_0", 2, -1)
+
+
+def test_act_order_with_static_groups_into_q4_0(app, model_with_tokenizer, tmp_path):
+    """gguf-q4_0 has no g_idx: --act-order alone is refused, with --static-groups it runs (the
+    groups stay k // 32) and the calibration config records act-order over static groups."""
+    code, out = invoke(app, model_with_tokenizer, "--preset", "gptq-q4_0", "--act-order",
+                       "--samples", "2", "--seq-len", "16", "-o", tmp_path / "x")
+    assert code == 1 and "desc_act" in out
+    code, out = invoke(app, model_with_tokenizer, "--preset", "gptq-q4_0", "--act-order",
+                       "--static-groups", "--samples", "2", "--seq-len", "16",
+                       "-o", tmp_path / "q", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["recipe"] == "gptq 4-bit g32 sym -> gguf-q4_0"
+    assert data["calibration_config"]["act_order"] is True
+    assert data["calibration_config"]["static_groups"] is True
+    assert data["bits_per_weight"] == 4.5
