@@ -8,8 +8,9 @@ Logits come back as float32 tensors ([T, V] or [V]) like the reference model's.
     logits = runner.window_logits(ids)              # [T, V] from an empty KV cache
     runner.reset(); last = runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
 
-The KV cache holds at most `n_ctx` tokens; llama.cpp keeps logits of every position
-(`logits_all`), an n_ctx x vocab float32 buffer.
+The KV cache holds at most `n_ctx` tokens. `window_logits` asks llama.cpp for the logits of every
+position (an n_ctx x vocab float32 buffer); `prefill` / `decode` ask for the last position only,
+so their timing is llama.cpp's own (no lm_head over the whole prompt, no copy of its logits).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class LlamaCppRunner:
     def window_logits(self, window: list[int]) -> torch.Tensor:
         """Logits [T, V] fp32 of `window` evaluated from an empty KV cache."""
         self.reset()
-        self._eval(window)
+        self._eval(window, every_position=True)
         return torch.from_numpy(np.array(self.llm.scores[: len(window)], dtype=np.float32))
 
     def reset(self) -> None:
@@ -79,15 +80,23 @@ class LlamaCppRunner:
         self._eval([token])
         return self._last()
 
-    def _eval(self, ids: list[int]) -> None:
+    def _eval(self, ids: list[int], every_position: bool = False) -> None:
         if not ids:
             raise ArkError("no tokens to evaluate", hint="give at least one token")
         if self.llm.n_tokens + len(ids) > self.n_ctx:
             raise ArkError(f"{self.llm.n_tokens} cached + {len(ids)} new tokens exceed the "
                            f"context of {self.n_ctx} tokens this runner was loaded with",
                            hint="load the runner with a larger n_ctx, or reset() first")
-        self.llm.eval(ids)
+        # llama-cpp-python marks every position for logits when `_logits_all` is set (needed for
+        # window_logits) and only the last one otherwise; it reads the flag on each eval.
+        self.llm._logits_all = every_position
+        try:
+            self.llm.eval(ids)
+        finally:
+            self.llm._logits_all = True
 
     def _last(self) -> torch.Tensor:
-        row = self.llm.scores[self.llm.n_tokens - 1]
+        """Logits [V] of the last evaluated position (llama_get_logits_ith(ctx, -1))."""
+        ptr = self.llm._ctx.get_logits_ith(-1)
+        row = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))
         return torch.from_numpy(np.array(row, dtype=np.float32))
