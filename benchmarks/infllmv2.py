@@ -135,12 +135,13 @@ def flush_caches(enabled: bool) -> None:
 
 # -- measurements -------------------------------------------------------------------------------
 def kv_bytes(length: int, cfg: SparseConfig, elem: int) -> tuple[int, int]:
-    """KV bytes one decode step reads (specs/infllmv2.md §8): (dense, sparse), all KV heads."""
+    """KV bytes one decode step reads (specs/infllmv2.md §8): (dense, sparse), all KV heads. The
+    sparse step reads the fine compressed keys (fp32) only: the coarse normaliser is derived from
+    the fine logits (arkinfer/ops/infllmv2/decode.py), so the §8 n2 term is not read."""
     dense = HKV * 2 * length * D * elem
     n1 = n_kernels(length, cfg.kernel_size, cfg.kernel_stride)
-    n2 = n_kernels(length, cfg.coarse_kernel_size, cfg.coarse_kernel_stride)
     attended = min(length, cfg.budget * cfg.block_size)
-    sparse = HKV * ((n1 + n2) * D * 4 + 2 * attended * D * elem)
+    sparse = HKV * (n1 * D * 4 + 2 * attended * D * elem)
     return dense, sparse
 
 
