@@ -24,6 +24,10 @@ class GGUFBackend:
     """llama.cpp: GGUF files; host runner through llama-cpp-python (`runner.LlamaCppRunner`)."""
 
     name = "gguf"
+    # verify's runtime-vs-reference gate on the same (dequantised) weights: llama.cpp multiplies
+    # quantised weights with 8-bit-rounded activations, which flips near-tied top-1 tokens (the
+    # demo at q4_0: 98 % top-1 with mean KL 3e-4); a layout or scale bug gives far less.
+    fidelity_top1 = 0.95
 
     def available(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in ("gguf", "llama_cpp"))
@@ -51,15 +55,23 @@ class GGUFBackend:
         return lower(request)
 
     def load(self, artifact_dir: str | Path, manifest: dict | None = None, *,
-             n_ctx: int | None = None, n_threads: int | None = None):
+             n_ctx: int | None = None, n_threads: int | None = None, bench: bool = False):
         """LlamaCppRunner over artifact/model.gguf; n_ctx defaults to the manifest's
-        `runner.n_ctx`, else 2048."""
+        `runner.n_ctx`, else 2048. bench=True: no all-position logits buffer (like llama-bench)."""
         from .lower import GGUF_FILE
         from .runner import LlamaCppRunner
 
         runner_cfg = (manifest or {}).get("runner") or {}
         n_ctx = n_ctx or int(runner_cfg.get("n_ctx", DEFAULT_N_CTX))
-        return LlamaCppRunner(Path(artifact_dir) / GGUF_FILE, n_ctx=n_ctx, n_threads=n_threads)
+        return LlamaCppRunner(Path(artifact_dir) / GGUF_FILE, n_ctx=n_ctx, n_threads=n_threads,
+                              all_logits=not bench)
+
+    def reference_weights(self, artifact_dir: str | Path) -> Path:
+        """The GGUF file itself: ArkInfer's reference model runs it dequantised (imported once into
+        the cache), so verify can separate llama.cpp's runtime error from quantisation error."""
+        from .lower import GGUF_FILE
+
+        return Path(artifact_dir) / GGUF_FILE
 
 
 BACKEND = GGUFBackend()

@@ -38,17 +38,19 @@ class LlamaCppRunner:
     """One GGUF file loaded in llama.cpp with a context of `n_ctx` tokens (CPU)."""
 
     def __init__(self, gguf_path: str | Path, n_ctx: int = 512, n_threads: int | None = None,
-                 vocab_only: bool = False, kv_type: str = "f16") -> None:
+                 vocab_only: bool = False, kv_type: str = "f16", all_logits: bool = True) -> None:
         """kv_type: KV cache element type, "f16" (llama.cpp's default) or "f32" (exact parity
-        checks: an f16 cache rounds K and V to 11 significant bits)."""
+        checks: an f16 cache rounds K and V to 11 significant bits). all_logits=False (timing
+        runs) skips the n_ctx x vocab logits buffer; window_logits then takes at most 512 tokens."""
         llama_cpp = _llama_cpp()
         self.path = Path(gguf_path)
         if not self.path.is_file():
             raise NotAvailableError(f"GGUF file {self.path} does not exist",
                                     hint="build the artifact again (arkinfer build ... --backend gguf)")
         self.n_ctx = n_ctx
+        self.all_logits = all_logits
         self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=min(n_ctx, 512),
-                                   logits_all=True, vocab_only=vocab_only, verbose=False,
+                                   logits_all=all_logits, vocab_only=vocab_only, verbose=False,
                                    n_threads=n_threads, type_k=KV_TYPES[kv_type],
                                    type_v=KV_TYPES[kv_type])
         self.vocab_size = int(self.llm.n_vocab())
@@ -83,6 +85,10 @@ class LlamaCppRunner:
     def _eval(self, ids: list[int], every_position: bool = False) -> None:
         if not ids:
             raise ArkError("no tokens to evaluate", hint="give at least one token")
+        if every_position and not self.all_logits and self.llm.n_tokens + len(ids) > 512:
+            raise ArkError(f"{len(ids)} tokens need logits of every position, but this runner "
+                           "was loaded for timing (all_logits=False, at most 512)",
+                           hint="load it with all_logits=True")
         if self.llm.n_tokens + len(ids) > self.n_ctx:
             raise ArkError(f"{self.llm.n_tokens} cached + {len(ids)} new tokens exceed the "
                            f"context of {self.n_ctx} tokens this runner was loaded with",
@@ -93,7 +99,7 @@ class LlamaCppRunner:
         try:
             self.llm.eval(ids)
         finally:
-            self.llm._logits_all = True
+            self.llm._logits_all = self.all_logits
 
     def _last(self) -> torch.Tensor:
         """Logits [V] of the last evaluated position (llama_get_logits_ith(ctx, -1))."""
