@@ -158,6 +158,10 @@ def test_runner_protocol_prefill_decode(checkpoint, tmp_path):
     assert torch.allclose(runner.prefill(ids[:30]), full[29], atol=1e-4)
     with pytest.raises(ArkError, match="exceed the context"):
         runner.prefill(random_ids(300))
+    timing = BACKEND.load(tmp_path, {"runner": {"n_ctx": 256}}, bench=True)
+    assert torch.allclose(timing.prefill(ids[:30]), full[29], atol=1e-4)
+    assert torch.allclose(timing.decode(ids[30]), full[30], atol=1e-3)
+    assert BACKEND.reference_weights(tmp_path) == tmp_path / "model.gguf"
 
 
 # -- quantised folders ---------------------------------------------------------------------------
