@@ -6,12 +6,19 @@ float and against llama.cpp's own 4-bit quantisation of the same model, same tex
 Rows (4-bit rows use group 64: SmolLM2's 576-wide rows are not multiples of 128):
 - float: the Q4_1 GGUF imported and dequantised to float32 (the reference every method starts from);
 - rtn-sym / rtn-asym: round-to-nearest, the baselines of GPTQ (sym) and AWQ (asym);
-- gptq, pgptq (prefix 4): streamed calibration -> gptq folder -> `load_quantized`;
+- gptq, pgptq (prefix 4, norm cap 10): streamed calibration -> gptq folder -> `load_quantized`;
+  pgptq-drop: the literal "drop the prefix" rule (prefix_cap 0), kept to show why it is not the
+  default;
+- rtn-q4_0, gptq-q4_0, pgptq-q4_0: 4-bit g32 sym in GGUF Q4_0 blocks (4.5 bits per weight, the
+  layout of llama.cpp's Q4_0), GPTQ rows with act-order over static groups;
 - awq: -> AutoAWQ GEMM folder -> `load_quantized`;
 - ternary (per-row absmean): applied in memory (GGUF TQ2_0 needs 256-column blocks, which 576 is not);
 - llama.cpp Q4_1 (the original file) and Q4_0 (`llama_model_quantize` of it, requantise allowed),
   both scored through llama.cpp (LlamaCppRunner) with the same windows;
 - investigation rows for the GPTQ target: act-order, damping 0.1, zero points, group 32.
+
+Runs are slow on a 2-core machine (~10-25 min a row); `--only a,b --json other.json` runs rows
+in separate processes, whose files can be merged into the results afterwards.
 
 Perplexity: `arkinfer.generate.perplexity`, ctx 512, arkinfer/data/corpus_eval.txt (never used for
 calibration). Calibration: seeded windows of corpus_train.txt. Embeddings / lm_head stay float in
@@ -169,7 +176,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default=None, help="comma-separated rows to (re)run: " + ",".join(ORDER))
     ap.add_argument("--json", type=Path, default=RESULTS)
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="merge the rows of these result files (from --only ... --json) into "
+                         "--json, recompute the checks, print the table; runs nothing")
     args = ap.parse_args()
+    if args.merge:
+        merge(args.json, args.merge)
+        return
     torch.set_num_threads(args.threads)
     from arkinfer.quant.calib_data import load_calibration
 
@@ -211,6 +224,19 @@ def main() -> None:
     print(markdown(results))
 
 
+def merge(target: Path, sources: list[Path]) -> None:
+    """Rows of `sources` replace the same rows of `target` (the calibration must match)."""
+    results = json.loads(target.read_text())
+    for src in sources:
+        other = json.loads(src.read_text())
+        if other["calibration"]["sha256"] != results["calibration"]["sha256"]:
+            raise RuntimeError(f"{src} was calibrated on other data than {target}")
+        results["rows"].update(other["rows"])
+    results["checks"] = checks(results["rows"])
+    target.write_text(json.dumps(results, indent=2) + "\n")
+    print(markdown(results))
+
+
 def checks(rows: dict) -> dict:
     def up(a: str, b: str) -> float | None:
         if a in rows and b in rows:
@@ -225,6 +251,10 @@ def checks(rows: dict) -> dict:
         out["awq_beats_rtn"] = rows["awq"]["ppl"] < rows["rtn-asym"]["ppl"]
     if out["gptq_increase"] is not None and out["q4_0_increase"] is not None:
         out["gptq_under_half_of_q4_0"] = out["gptq_increase"] < 0.5 * out["q4_0_increase"]
+    out["pgptq_vs_gptq"] = up("pgptq", "gptq")
+    for name in ("rtn-q4_0", "gptq-q4_0", "pgptq-q4_0"):
+        if name in rows and "llama.cpp-q4_0" in rows:
+            out[f"{name}_beats_llama.cpp-q4_0"] = rows[name]["ppl"] < rows["llama.cpp-q4_0"]["ppl"]
     return out
 
 
