@@ -8,11 +8,12 @@ byte it needs about once:
     second pass over the coarse keys;
   * the forced blocks (init, local window) are known, so top-k runs only over the candidate blocks
     between them, with one exact int64 top-k (score bits, then lower block first);
-  * stage 2, with the C kernels of `native.py` (fp32 cache, group 4/8/16): scores every selected
-    row in place, one softmax, then the weighted sum of V rows, no copy of the cache;
+  * stage 2, with the C kernels of `native.py` (fp32 cache, groups of 8 or 16, head_dim a
+    multiple of 16): scores every selected row in place, one softmax, then the weighted sum of V
+    rows, no copy of the cache;
   * stage 2 in torch otherwise: copies the selected full blocks, a few at a time, into a small
-    buffer that stays in the L2 cache (the copy streams from memory at full bandwidth; matmuls
-    reading scattered blocks straight from DRAM run at a third of it), scores them with one
+    buffer that stays in the L2 cache (the copy streams from memory near full bandwidth; matmuls
+    reading scattered blocks straight from DRAM run well below it), scores them with one
     batched matmul per chunk, takes one softmax over every selected key, then gathers V alike.
 The C kernels also compute the stage-1 logits when they apply.
 Shapes: B batch, Hkv KV heads, G = Hq / Hkv query heads per KV head, D head_dim, BH = B * Hkv.
