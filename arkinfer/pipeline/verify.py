@@ -52,7 +52,7 @@ class Thresholds:
 
 
 # Per scheme class. Float and 8-bit must be near-lossless. 4-bit RTN of a 135M model is lossy
-# (SmolLM2 Q4_0, as llama.cpp ships it: ~ +20 % perplexity, ~65 % top-1 agreement, KL ~0.45);
+# (SmolLM2 RTN Q4_0: +33 % perplexity on the verify prompts, 64 % top-1 agreement, KL 0.44);
 # the 4-bit gate accepts that and still catches a broken build (wrong layout: top-1 near 0). Ternary post-training
 # quantisation of a model not trained for it (BitNet-style training is what makes ternary work)
 # changes many top-1 choices, so its class gates mainly on perplexity: at most twice the float
@@ -62,7 +62,7 @@ THRESHOLDS: dict[str, Thresholds] = {
     "f16": Thresholds(top1=0.97, kl=0.01, ppl_delta=0.02),
     "bf16": Thresholds(top1=0.95, kl=0.02, ppl_delta=0.03),
     "8bit": Thresholds(top1=0.90, kl=0.05, ppl_delta=0.05),
-    "4bit": Thresholds(top1=0.60, kl=0.50, ppl_delta=0.35),
+    "4bit": Thresholds(top1=0.60, kl=0.50, ppl_delta=0.50),
     "ternary": Thresholds(top1=0.25, kl=2.0, ppl_delta=1.0),
 }
 
