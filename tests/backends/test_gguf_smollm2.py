@@ -92,10 +92,11 @@ def quantised(smollm2, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("smollm2-quantised")
 
-    def make(name: str, recipe: QuantRecipe, samples: int = 4, seq_len: int = 128) -> Path:
+    def make(name: str, recipe: QuantRecipe, samples: int = 4, seq_len: int = 128,
+             **options) -> Path:
         ckpt = open_checkpoint(smollm2[1])
         calib = load_calibration(ckpt.tokenizer, None, samples, seq_len, 0, 2)
-        run = calibrate(ckpt, recipe, calib, root / f"{name}.work")
+        run = calibrate(ckpt, recipe, calib, root / f"{name}.work", options=options)
         return export_folder(run, root / name)
 
     return make
@@ -132,8 +133,11 @@ def test_gptq_q4_0_blocks_survive_and_beat_llama_cpp_q4_0(smollm2, eval_ids, qua
     from arkinfer.frontend.gguf_model import permute_qk
 
     _, hf = smollm2
+    # `arkinfer quantize --preset gptq-q4_0 --act-order --static-groups` (plain GPTQ without
+    # act-order loses to ggml's RTN grid on SmolLM2: benchmarks/results/gguf_quality.json)
     recipe = QuantRecipe("gptq", "gguf-q4_0", 4, 32, sym=True)
-    folder = quantised("gptq", recipe, samples=16, seq_len=256)
+    folder = quantised("gptq", recipe, samples=32, seq_len=512, act_order=True,
+                       static_groups=True)
     ours = build(tmp_path / "ours", folder, hf, recipe)
     tensors = {t.name: t for t in gguf.GGUFReader(ours).tensors}
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
