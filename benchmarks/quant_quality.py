@@ -252,6 +252,12 @@ def checks(rows: dict) -> dict:
     if out["gptq_increase"] is not None and out["q4_0_increase"] is not None:
         out["gptq_under_half_of_q4_0"] = out["gptq_increase"] < 0.5 * out["q4_0_increase"]
     out["pgptq_vs_gptq"] = up("pgptq", "gptq")
+    family = [n for n in rows if n.split("-")[0] in ("gptq", "pgptq") and n != "pgptq-drop"]
+    if family and out["q4_0_increase"] is not None:
+        best = min(family, key=lambda n: rows[n]["ppl"])
+        out["best_gptq_family"] = {"row": best, "increase": up(best, "float"),
+                                   "under_half_of_q4_0": up(best, "float")
+                                   < 0.5 * out["q4_0_increase"]}
     for name in ("rtn-q4_0", "gptq-q4_0", "pgptq-q4_0"):
         if name in rows and "llama.cpp-q4_0" in rows:
             out[f"{name}_beats_llama.cpp-q4_0"] = rows[name]["ppl"] < rows["llama.cpp-q4_0"]["ppl"]
