@@ -61,10 +61,14 @@ class GGUFBackend:
         from .lower import GGUF_FILE
         from .runner import LlamaCppRunner
 
+        import torch
+
         runner_cfg = (manifest or {}).get("runner") or {}
         n_ctx = n_ctx or int(runner_cfg.get("n_ctx", DEFAULT_N_CTX))
-        return LlamaCppRunner(Path(artifact_dir) / GGUF_FILE, n_ctx=n_ctx, n_threads=n_threads,
-                              all_logits=not bench)
+        # Same thread count as every other runner (torch's; `arkinfer bench -t` sets it), for
+        # decode too: llama-cpp-python's own default is half the cores for single-token steps.
+        return LlamaCppRunner(Path(artifact_dir) / GGUF_FILE, n_ctx=n_ctx,
+                              n_threads=n_threads or torch.get_num_threads(), all_logits=not bench)
 
     def reference_weights(self, artifact_dir: str | Path) -> Path:
         """The GGUF file itself: ArkInfer's reference model runs it dequantised (imported once into
