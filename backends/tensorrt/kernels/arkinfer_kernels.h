@@ -50,7 +50,8 @@ size_t arkinfer_infllmv2_workspace_bytes(int hq, int hkv, int d, int length, int
 
 /* Stage 1: coarse lse, fine scores with the group sum, block max-pool, forced init/local blocks,
  * top-k (ties to the lower block) -> idx int32 [hkv, budget]: selected blocks ascending, then -1.
- * budget = topk + window_size / block_size; local_blocks = window_size / block_size. */
+ * budget = topk + window_size / block_size; local_blocks = window_size / block_size;
+ * block_size % kernel_stride == 0; ceil(length / block_size) <= 12000. */
 int arkinfer_infllmv2_select(const void* q, int dtype, const float* fine, long long fine_head_stride,
                              const float* coarse, long long coarse_head_stride, int hq, int hkv,
                              int d, int length, int kernel_size, int kernel_stride, int block_size,

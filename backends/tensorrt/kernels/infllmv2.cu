@@ -26,7 +26,7 @@ constexpr int kMaxD = 128;
 constexpr int kTileKeys = 32;
 constexpr int kAttnThreads = 128;
 constexpr int kTopkThreads = 1024;
-constexpr int kMaxBlocks = 12288;  // ranked scores held in 48 KiB of shared memory
+constexpr int kMaxBlocks = 12000;  // keys in dynamic shared memory, under the 48 KiB default
 
 __device__ __forceinline__ float to_float(half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -135,8 +135,9 @@ extern "C" int arkinfer_marlin_gemm(const half* x, const int* B, const half* s, 
   }
   const int tiles = k / 16;
   const int chunks = n / 64;
-  // Enough CTAs for ~4 waves of 128-thread blocks, at least 8 tiles per split.
-  int splits = (4 * sm_count() + chunks - 1) / chunks;
+  // About 16 CTAs of 128 threads per SM (full occupancy keeps enough loads in flight for a
+  // bandwidth-bound GEMV), at least 8 tiles per split.
+  int splits = (16 * sm_count() + chunks - 1) / chunks;
   splits = max(1, min(splits, tiles / 8));
   const int tiles_per_split = (tiles + splits - 1) / splits;
   splits = (tiles + tiles_per_split - 1) / tiles_per_split;
