@@ -29,11 +29,18 @@ def _random_weight(rng, n, k, group_size):
                            bits=4, group_size=group_size, sym=True)
 
 
+@pytest.fixture(scope="module")
+def host_lib(tmp_path_factory):
+    """The kernels library built for sm_90 into a fresh cache (its host functions run anywhere)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ARKINFER_CACHE", str(tmp_path_factory.mktemp("kernels")))
+        return ctypes.CDLL(str(build.library_path(archs=(90,))))
+
+
 @pytest.mark.parametrize(("n", "k", "group_size"), [(128, 256, 128), (192, 256, -1),
                                                      (64, 512, 32), (256, 384, 64)])
-def test_kernel_index_math_reads_marlin_bytes(n, k, group_size, tmp_path, monkeypatch):
-    monkeypatch.setenv("ARKINFER_CACHE", str(tmp_path))
-    lib = ctypes.CDLL(str(build.library_path(archs=(90,))))
+def test_kernel_index_math_reads_marlin_bytes(host_lib, n, k, group_size):
+    lib = host_lib
     qw = _random_weight(np.random.default_rng(n + k), n, k, group_size)
     packed = MARLIN.pack(qw)
     b = np.ascontiguousarray(packed["B"], dtype=np.int32)
