@@ -87,10 +87,12 @@ class CudaKernels:
         return out[0], out[1]
 
     def workspace(self, hq: int, hkv: int, d: int, length: int, config: SparseConfig,
-                  device: torch.device) -> Tensor:
+                  device: torch.device, budget: int | None = None) -> Tensor:
+        """Device workspace for select/sparse_decode up to `length` keys and `budget` idx slots
+        (default config.budget)."""
         size = self.lib.arkinfer_infllmv2_workspace_bytes(
             hq, hkv, d, length, config.kernel_size, config.kernel_stride, config.block_size,
-            config.budget)
+            budget or config.budget)
         return torch.empty(size, dtype=torch.uint8, device=device)
 
     def select(self, q: Tensor, fine: Tensor, coarse: Tensor, length: int, config: SparseConfig,
