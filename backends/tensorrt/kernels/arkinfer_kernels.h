@@ -20,7 +20,8 @@ extern "C" {
  * x fp16 [m, k], B int32 [k/16, 2n], s fp16 [groups, n] (quant/formats/marlin.py), y fp16 [m, n].
  * 1 <= m <= 16, k % 128 == 0, n % 64 == 0; group_size -1 (or >= k) = per channel, else a
  * multiple of 16 dividing k. fp32 accumulation. Uses a stream-ordered fp32 workspace
- * (cudaMallocAsync) of m * n floats when it splits k. */
+ * (cudaMallocAsync on the default pool, whose release threshold it raises so the memory
+ * stays mapped between calls) of m * n floats when it splits k. */
 int arkinfer_marlin_gemm(const half* x, const int* B, const half* s, half* y, int m, int n, int k,
                          int group_size, cudaStream_t stream);
 

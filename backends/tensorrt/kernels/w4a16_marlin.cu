@@ -105,6 +105,20 @@ int sm_count() {
   return sms;
 }
 
+// Keep the default pool's memory between calls: with the default release threshold (0) every
+// stream synchronisation hands the workspace back to the driver and the next call maps it again.
+void keep_pool_memory() {
+  static bool done[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64 || done[dev]) return;
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  done[dev] = true;
+}
+
 template <int MT>
 cudaError_t launch(const half* x, const int* B, const half* s, float* out, half* y, int m, int n,
                    int k, int group_size, int splits, int tiles_per_split, cudaStream_t stream) {
@@ -145,6 +159,7 @@ extern "C" int arkinfer_marlin_gemm(const half* x, const int* B, const half* s, 
     return (int)dispatch(x, B, s, nullptr, y, m, n, k, group_size, 1, tiles_per_split, stream);
   }
   const long long count = (long long)m * n;
+  keep_pool_memory();
   float* out = nullptr;
   cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&out), count * sizeof(float), stream);
   if (err != cudaSuccess) return (int)err;
