@@ -2,7 +2,7 @@
 // fp16/bf16 in, fp32 accumulation. The C ABI and layouts are in arkinfer_kernels.h.
 //
 // compress:  one warp per (KV head, new kernel): fp32 mean of `kernel` key rows.
-// select:    (1) per query head, warp-per-coarse-kernel online logsumexp -> lse[hq];
+// select:    (1) per KV head, warp-per-coarse-kernel logits for the group, then lse[hq];
 //            (2) per KV head, warp-per-fine-kernel group sum s[g, j] = sum_h exp(tau q_h.Kc1[j] - lse_h)
 //                (NaN -> 0); (3) per block, max over the 5 overlapping fine kernels, forced init/local
 //                blocks +inf, +inf scores -> FLT_MAX; (4) per KV head, one CTA: radix select of the
@@ -76,42 +76,72 @@ __global__ void compress_kernel(const T* __restrict__ k, int d, long long kv_hea
 
 // ---- stage 1 ----------------------------------------------------------------------------------
 
-// grid hq, 256 threads: lse[h] = logsumexp_c(scale * q_h . coarse[g, c]) (-inf when n2 == 0).
+// grid (ceil(n2 / 8), hkv), 256 threads, a warp per coarse kernel c (its row read once for the
+// whole group): logits[h, c] = scale * q_h . coarse[g, c] for the query heads h of group g.
 template <typename T>
-__global__ void coarse_lse_kernel(const T* __restrict__ q, const float* __restrict__ coarse,
-                                  long long coarse_head_stride, int group, int d, int n2,
-                                  float scale, float* __restrict__ lse) {
-  __shared__ float qs[kMaxD];
-  __shared__ float wm[8], wl[8];
-  const int h = blockIdx.x, g = h / group;
+__global__ void coarse_logit_kernel(const T* __restrict__ q, const float* __restrict__ coarse,
+                                    long long coarse_head_stride, int group, int d, int n2,
+                                    float scale, float* __restrict__ logits) {
+  __shared__ float qs[kMaxGroup * kMaxD];
+  const int g = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) qs[i] = to_float(q[(long long)h * d + i]);
+  for (int i = threadIdx.x; i < group * d; i += blockDim.x)
+    qs[i] = to_float(q[(long long)g * group * d + i]);
   __syncthreads();
-  float m = -INFINITY, l = 0.f;
-  for (int c = warp; c < n2; c += blockDim.x / 32) {
-    const float* row = coarse + g * coarse_head_stride + (long long)c * d;
+  const int c = blockIdx.x * (blockDim.x / 32) + warp;
+  if (c >= n2) return;
+  const float* row = coarse + g * coarse_head_stride + (long long)c * d;
+  float kv[kMaxD / 32];
+#pragma unroll
+  for (int i = 0; i < kMaxD / 32; ++i) kv[i] = (lane + 32 * i < d) ? row[lane + 32 * i] : 0.f;
+  for (int h = 0; h < group; ++h) {
     float dot = 0.f;
-    for (int i = lane; i < d; i += 32) dot += qs[i] * row[i];
-    const float x = scale * warp_sum(dot);
-    if (x > m) {
-      l = l * __expf(m - x) + 1.f;
-      m = x;
-    } else {
-      l += __expf(x - m);
-    }
+#pragma unroll
+    for (int i = 0; i < kMaxD / 32; ++i)
+      if (lane + 32 * i < d) dot += qs[h * d + lane + 32 * i] * kv[i];
+    dot = warp_sum(dot);
+    if (lane == 0) logits[(long long)(g * group + h) * n2 + c] = scale * dot;
   }
+}
+
+// Merge two (max, sum of exp(x - max)) pairs.
+__device__ __forceinline__ void lse_merge(float& m, float& l, float m2, float l2) {
+  const float mm = fmaxf(m, m2);
+  if (mm == -INFINITY) return;
+  l = (m == -INFINITY ? 0.f : l * __expf(m - mm)) + (m2 == -INFINITY ? 0.f : l2 * __expf(m2 - mm));
+  m = mm;
+}
+
+// grid hq, 256 threads: lse[h] = logsumexp over logits[h, 0..n2) (-inf when n2 == 0; NaN in,
+// NaN out, as torch.logsumexp).
+__global__ void lse_kernel(const float* __restrict__ logits, int n2, float* __restrict__ lse) {
+  __shared__ float wm[8], wl[8];
+  const int h = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* row = logits + (long long)h * n2;
+  float m = -INFINITY;
+  for (int c = threadIdx.x; c < n2; c += blockDim.x) m = fmaxf(m, row[c]);
+  float l = 0.f;
+  bool nan = false;
+  for (int c = threadIdx.x; c < n2; c += blockDim.x) {
+    nan |= isnan(row[c]);
+    l += __expf(row[c] - m);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float l2 = __shfl_xor_sync(0xffffffffu, l, o);
+    lse_merge(m, l, m2, l2);
+  }
+  nan = __syncthreads_or(nan);
   if (lane == 0) {
     wm[warp] = m;
     wl[warp] = l;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    float mm = -INFINITY;
-    for (int w = 0; w < blockDim.x / 32; ++w) mm = fmaxf(mm, wm[w]);
-    float ll = 0.f;
-    for (int w = 0; w < blockDim.x / 32; ++w)
-      if (wm[w] != -INFINITY) ll += wl[w] * __expf(wm[w] - mm);
-    lse[h] = mm == -INFINITY ? -INFINITY : mm + logf(ll);
+    float mm = wm[0], ll = wl[0];
+    for (int w = 1; w < (int)blockDim.x / 32; ++w) lse_merge(mm, ll, wm[w], wl[w]);
+    lse[h] = nan ? NAN : (mm == -INFINITY ? -INFINITY : mm + logf(ll));
   }
 }
 
@@ -338,8 +368,10 @@ __global__ void merge_kernel(const float* __restrict__ partial, int group, int d
   const float* base = partial + (long long)g * splits * group * (d + 2) + hl * (d + 2);
   const long long step = (long long)group * (d + 2);
   float mx = -INFINITY;
+#pragma unroll 8
   for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, base[sp * step + d]);
   float num = 0.f, den = 0.f;
+#pragma unroll 8
   for (int sp = 0; sp < splits; ++sp) {
     const float m = base[sp * step + d];
     if (m == -INFINITY) continue;
@@ -350,24 +382,38 @@ __global__ void merge_kernel(const float* __restrict__ partial, int group, int d
   out[(long long)h * d + dd] = from_float<T>(den > 0.f ? num / den : 0.f);
 }
 
+int blocks_per_split(int hkv, int budget);
+
+// Bytes of the stage-2 partials [hkv, splits, group, d + 2]; they sit at offset 0 of the
+// workspace so sparse_decode needs nothing but its own sizes.
+size_t partial_bytes(int hq, int hkv, int d, int budget) {
+  const int bps = blocks_per_split(hkv, budget);
+  const int splits = (budget + bps - 1) / bps;
+  return align256(sizeof(float) * (size_t)hkv * splits * (hq / hkv) * (d + 2));
+}
+
 struct Workspace {
-  float* lse;
-  float* s;
-  float* ranked;
-  float* partial;
+  float* logits;   // coarse logits [hq, n2], n2 <= length / (4 * kernel_stride) + 1
+  float* lse;      // [hq]
+  float* s;        // group fine scores [hkv, n1], n1 <= length
+  float* ranked;   // [hkv, n_blocks]
+  size_t end;      // bytes used from the base
 };
 
-// Workspace: lse [hq] | s [hkv, length] (n1 <= length) | ranked [hkv, n_blocks] | partials.
-Workspace carve(void* base, int hq, int hkv, int length, int n_blocks) {
+Workspace carve(void* base, int hq, int hkv, int d, int budget, int length, int kernel_stride) {
+  const int n_blocks_cap = length;   // block_size >= kernel_stride >= 1
+  size_t off = partial_bytes(hq, hkv, d, budget);
   char* p = static_cast<char*>(base);
   Workspace w;
-  w.lse = reinterpret_cast<float*>(p);
-  p += align256(sizeof(float) * hq);
-  w.s = reinterpret_cast<float*>(p);
-  p += align256(sizeof(float) * (size_t)hkv * length);
-  w.ranked = reinterpret_cast<float*>(p);
-  p += align256(sizeof(float) * (size_t)hkv * n_blocks);
-  w.partial = reinterpret_cast<float*>(p);
+  w.logits = reinterpret_cast<float*>(p + off);
+  off += align256(sizeof(float) * (size_t)hq * (length / (4 * kernel_stride) + 1));
+  w.lse = reinterpret_cast<float*>(p + off);
+  off += align256(sizeof(float) * hq);
+  w.s = reinterpret_cast<float*>(p + off);
+  off += align256(sizeof(float) * (size_t)hkv * length);
+  w.ranked = reinterpret_cast<float*>(p + off);
+  off += align256(sizeof(float) * (size_t)hkv * n_blocks_cap);
+  w.end = off;
   return w;
 }
 
@@ -404,10 +450,13 @@ cudaError_t select_t(const void* q, const float* fine, long long fine_head_strid
   const int n1 = n_kernels(length, kernel_size, kernel_stride);
   const int n2 = n_kernels(length, 4 * kernel_size, 4 * kernel_stride);
   const int n_blocks = (length + block_size - 1) / block_size;
-  const Workspace w = carve(workspace, hq, hkv, length, n_blocks);
+  const Workspace w = carve(workspace, hq, hkv, d, budget, length, kernel_stride);
   const T* qt = static_cast<const T*>(q);
-  coarse_lse_kernel<T><<<hq, 256, 0, stream>>>(qt, coarse, coarse_head_stride, group, d, n2, scale,
-                                               w.lse);
+  if (n2 > 0) {
+    coarse_logit_kernel<T><<<dim3((n2 + 7) / 8, hkv), 256, 0, stream>>>(
+        qt, coarse, coarse_head_stride, group, d, n2, scale, w.logits);
+  }
+  lse_kernel<<<hq, 256, 0, stream>>>(w.logits, n2, w.lse);
   if (n1 > 0) {
     fine_score_kernel<T><<<dim3((n1 + 7) / 8, hkv), 256, 0, stream>>>(
         qt, fine, fine_head_stride, w.lse, group, d, n1, scale, w.s);
@@ -424,14 +473,13 @@ cudaError_t sparse_t(const void* q, const void* k, const void* v, long long kv_h
                      const int* idx, int hq, int hkv, int d, int length, int block_size, int budget,
                      float scale, void* out, void* workspace, cudaStream_t stream) {
   const int group = hq / hkv;
-  const int n_blocks = (length + block_size - 1) / block_size;
-  const Workspace w = carve(workspace, hq, hkv, length, n_blocks);  // same carve as select
+  float* partial = static_cast<float*>(workspace);   // offset 0, see partial_bytes
   const int bps = blocks_per_split(hkv, budget);
   const int splits = (budget + bps - 1) / bps;
   sparse_attn_kernel<T><<<dim3(hkv, splits), kAttnThreads, 0, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-      kv_head_stride, idx, group, d, length, block_size, budget, bps, scale, w.partial);
-  merge_kernel<T><<<hq, d, 0, stream>>>(w.partial, group, d, splits, static_cast<T*>(out));
+      kv_head_stride, idx, group, d, length, block_size, budget, bps, scale, partial);
+  merge_kernel<T><<<hq, d, 0, stream>>>(partial, group, d, splits, static_cast<T*>(out));
   return cudaGetLastError();
 }
 
@@ -458,13 +506,9 @@ extern "C" size_t arkinfer_infllmv2_workspace_bytes(int hq, int hkv, int d, int 
                                                     int kernel_size, int kernel_stride,
                                                     int block_size, int budget) {
   (void)kernel_size;
-  (void)kernel_stride;
-  const int n_blocks = (length + block_size - 1) / block_size;
-  const int bps = blocks_per_split(hkv, budget);
-  const int splits = (budget + bps - 1) / bps;
-  return align256(sizeof(float) * hq) + align256(sizeof(float) * (size_t)hkv * length) +
-         align256(sizeof(float) * (size_t)hkv * n_blocks) +
-         sizeof(float) * (size_t)hkv * splits * (hq / hkv) * (d + 2);
+  (void)block_size;
+  if (!shapes_ok(hq, hkv, d) || length <= 0 || kernel_stride <= 0 || budget <= 0) return 0;
+  return carve(nullptr, hq, hkv, d, budget, length, kernel_stride).end;
 }
 
 extern "C" int arkinfer_infllmv2_select(const void* q, int dtype, const float* fine,
