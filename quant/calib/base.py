@@ -144,6 +144,23 @@ class BlockCalibrator:
             return LinearReport(full, "skipped", "float", reason="matches a skip pattern")
         return None
 
+    def pending(self, runner: BlockRunner, groups, ctx: CalibContext,
+                result: BlockResult) -> list[list[str]]:
+        """The linears of `groups` (lists of names sharing an input) still to quantise, groups
+        left empty dropped; skipped linears are reported into `result` on the way."""
+        todo = []
+        for group in groups:
+            names = []
+            for name in group:
+                report = self.skip_report(runner, name, ctx)
+                if report is not None:
+                    result.reports.append(report)
+                else:
+                    names.append(name)
+            if names:
+                todo.append(names)
+        return todo
+
     def accept(self, runner: BlockRunner, name: str, qw: QuantizedWeight, ctx: CalibContext,
                result: BlockResult, h: Tensor | None, original: Tensor | None = None,
                extra: dict | None = None) -> bool:

@@ -227,17 +227,7 @@ class GPTQCalibrator(BlockCalibrator):
         passes = ([[g] for g in SEQUENTIAL_GROUPS] if self.config.true_sequential
                   else [list(SEQUENTIAL_GROUPS)])
         for groups in passes:
-            todo = []
-            for group in groups:
-                names = []
-                for name in group:
-                    report = self.skip_report(runner, name, ctx)
-                    if report is not None:
-                        result.reports.append(report)
-                    else:
-                        names.append(name)
-                if names:
-                    todo.append(names)
+            todo = self.pending(runner, groups, ctx, result)
             if not todo:
                 continue
             accs = runner.hessians([names[0] for names in todo], keep,

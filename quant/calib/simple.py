@@ -43,17 +43,7 @@ class _NoCalibration(BlockCalibrator):
     @torch.no_grad()
     def quantize_block(self, runner: BlockRunner, ctx: CalibContext) -> BlockResult:
         result = BlockResult()
-        todo: list[list[str]] = []
-        for group in SEQUENTIAL_GROUPS:
-            names = []
-            for name in group:
-                report = self.skip_report(runner, name, ctx)
-                if report is not None:
-                    result.reports.append(report)
-                else:
-                    names.append(name)
-            if names:
-                todo.append(names)
+        todo = self.pending(runner, SEQUENTIAL_GROUPS, ctx, result)
         accs = runner.hessians([g[0] for g in todo], stop=False) if runner.inputs.shape[0] else {}
         for names in todo:
             h = accs.pop(names[0]).hessian(release=True) if names[0] in accs else None

@@ -9,7 +9,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 
 _IMPLS_DIR = Path(__file__).parent / "impls"
 
@@ -43,10 +42,5 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Run these many small ops on one thread: on a shared 2-core machine, OpenMP worker threads
-    spinning against other processes make tiny ops 100x slower than a single thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Every test here runs on one intra-op thread (tests/conftest.py)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from ir_helpers import ARCHS
 
 from arkinfer import ir
@@ -11,13 +10,8 @@ from arkinfer.frontend.checkpoint import load_model, open_checkpoint
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is ~10x faster than contended
-    OpenMP spinning. Restored after each test so other suites keep their setting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here runs on one intra-op thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -30,13 +30,7 @@ def model(tmp_path_factory):
     return m
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Many tiny ops: OpenMP workers only spin against other processes on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Recompressing:

@@ -23,12 +23,7 @@ SMALL = SparseConfig(kernel_size=8, kernel_stride=4, block_size=16, init_blocks=
                      topk=4, dense_len=-1)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- config ------------------------------------------------------------------------------------

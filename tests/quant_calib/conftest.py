@@ -9,11 +9,8 @@ from arkinfer.quant.calib_data import calibration_from_ids
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here runs on one intra-op thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")
