@@ -79,6 +79,7 @@ def command(
                                                 "torch's).")] = None,
 ) -> None:
     from arkinfer.errors import ArkError
+    from arkinfer.frontend.checkpoint import read_config
     from arkinfer.pipeline.artifact import load_runner
     from arkinfer.pipeline.bench import BenchSpec, host_predictor, run_bench, write_plot
 
@@ -99,8 +100,8 @@ def command(
             raise ArkError(f"--attention {attention.value}: {manifest['name']} has no "
                            "sparse_config, so it only runs dense attention",
                            hint="drop --attention (or use a sparse-config model like the demo)")
-        raw = json.loads((Path(manifest["source"]["path"]) / "config.json").read_text()) \
-            if (Path(manifest["source"]["path"]) / "config.json").is_file() else None
+        source = Path(manifest["source"]["path"])
+        raw = read_config(source) if (source / "config.json").is_file() else None
         predictor = host_predictor(manifest, raw) if raw else None
         rows = run_bench(runner, manifest, spec, predictor=predictor,
                          progress=lambda m: status.update(f"bench: {m}"))

@@ -31,6 +31,9 @@ class StageReporter:
     """Stage lines on stderr with a live status line for the current step."""
 
     def __init__(self) -> None:
+        from arkinfer.pipeline.build import STAGES
+
+        self.stages = STAGES
         self.status = err_console.status("")
         self.index = 0
         self.current = ""
@@ -43,20 +46,18 @@ class StageReporter:
         self.status.__exit__(*exc)
 
     def stage(self, name: str) -> None:
-        from arkinfer.pipeline.build import STAGES
-
-        self.index = STAGES.index(name) + 1
+        self.index = self.stages.index(name) + 1
         self.current = name
-        self.status.update(f"[{self.index}/{len(STAGES)}] {name}")
+        self.status.update(f"[{self.index}/{len(self.stages)}] {name}")
         self.t0 = time.perf_counter()
 
     def step(self, message: str) -> None:
-        self.status.update(f"[{self.index}/6] {self.current}: {message}")
+        self.status.update(f"[{self.index}/{len(self.stages)}] {self.current}: {message}")
 
     def blocks(self, done: int, total: int, seconds: float) -> None:
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / (done + 1) * (total - done - 1)
-        self.status.update(f"[{self.index}/6] quantise: block {done + 1}/{total} "
+        self.status.update(f"[{self.index}/{len(self.stages)}] quantise: block {done + 1}/{total} "
                            f"({seconds:.1f} s; about {eta:.0f} s left)")
 
     def stage_done(self, name: str, seconds: float, summary: str = "") -> None:

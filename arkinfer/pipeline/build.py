@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -30,6 +31,8 @@ from typing import Any
 from arkinfer import __version__
 from arkinfer.backend import LowerRequest, get_backend
 from arkinfer.errors import ArkError
+from arkinfer.frontend.checkpoint import read_config
+from arkinfer.machine import machine_info
 
 from . import manifest as mf
 from .plan import BuildPlan
@@ -118,7 +121,7 @@ def build(plan: BuildPlan, *, threshold_overrides: dict[str, float] | None = Non
         with _terminate_as_interrupt():
             data = _run_stages(plan, staging, work, rep, timings, threshold_overrides)
             data["build"] = {"command": command or sys.argv, "stage_seconds": timings,
-                             "machine": _machine()}
+                             "machine": machine_info()}
             t0 = time.perf_counter()
             rep.stage("write")
             data["files"] = mf.file_hashes(staging, rep.step)
@@ -162,7 +165,7 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
         raise ArkError(f"{plan.source} has no tokenizer.json",
                        hint="an artifact needs the model's tokenizer: add tokenizer.json")
     source = _source_record(plan, rep)
-    source["n_params"] = sum(_numel(i.shape) for i in ckpt.weights.infos.values())
+    source["n_params"] = sum(math.prod(i.shape) for i in ckpt.weights.infos.values())
     done("load", f"{ckpt.config.num_hidden_layers} layers, {len(source['files'])} files hashed")
     # ---------------------------------------------------------------- trace
     timed("trace")
@@ -236,7 +239,7 @@ def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
 
     step("load the float reference")
     reference = ReferenceRunner(source)
-    prompts = verification_prompts(reference.tokenizer, _config(source))
+    prompts = verification_prompts(reference.tokenizer, read_config(source))
     metrics = parity_metrics(reference, runner, prompts, step)
     metrics["tokenizer_agreement"] = tokenizer_agreement(reference.tokenizer, runner)
     thresholds = thresholds_for(recipe, dtype, threshold_overrides)
@@ -263,7 +266,7 @@ def backend_fidelity(backend, artifact: Path, runner, step) -> dict[str, Any] | 
         return None
     step(f"load the quantised reference ({Path(weights).name})")
     quantised = ReferenceRunner(weights)
-    prompts = verification_prompts(quantised.tokenizer, _config(quantised.ckpt.path))
+    prompts = verification_prompts(quantised.tokenizer, read_config(quantised.ckpt.path))
     m = parity_metrics(quantised, runner, prompts, step)
     need = float(getattr(backend, "fidelity_top1", 0.99))
     out = {"reference_weights": Path(weights).relative_to(artifact).as_posix()
@@ -357,22 +360,6 @@ def _tokenizer_record(folder: Path, vocab_size: int) -> dict[str, Any]:
             if template else None, "vocab_size": int(vocab_size)}
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 def _sha_or_none(path: Path) -> str | None:
     return mf.sha256_file(path) if path.is_file() else None
 
-
-def _config(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
-
-
-def _machine() -> dict[str, Any]:
-    from arkinfer.machine import machine_info
-
-    return machine_info()

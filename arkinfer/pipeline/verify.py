@@ -100,12 +100,16 @@ def parse_threshold_overrides(items: list[str] | None) -> dict[str, float]:
     return out
 
 
+def eval_paragraphs() -> list[str]:
+    """The non-empty paragraphs of corpus_eval.txt, in order."""
+    return [p.strip() for p in EVAL_TEXT.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+
+
 def verification_prompts(tokenizer, raw_config: dict[str, Any], n: int = N_PROMPTS,
                          prompt_tokens: int = PROMPT_TOKENS) -> list[list[int]]:
     """Fixed prompts: the first `n` paragraphs of corpus_eval.txt cut to `prompt_tokens`, plus one
     long prompt past `dense_len` for sparse-config models (when dense_len < LONG_PROMPT_MAX)."""
-    paragraphs = [p.strip() for p in EVAL_TEXT.read_text(encoding="utf-8").split("\n\n")
-                  if p.strip()]
+    paragraphs = eval_paragraphs()
     prompts = [tokenizer.encode(p, add_special_tokens=False)[:prompt_tokens]
                for p in paragraphs[:n]]
     sparse = raw_config.get("sparse_config")
@@ -153,8 +157,7 @@ def parity_metrics(reference, artifact, prompts: list[list[int]], progress=None)
 
 def tokenizer_agreement(reference_tokenizer, artifact, n: int = N_PROMPTS) -> float:
     """Fraction of the prompt paragraphs the artifact's runtime tokenises to the same ids."""
-    paragraphs = [p.strip() for p in EVAL_TEXT.read_text(encoding="utf-8").split("\n\n")
-                  if p.strip()][:n]
+    paragraphs = eval_paragraphs()[:n]
     same = sum(artifact.tokenize(p) == reference_tokenizer.encode(p, add_special_tokens=False)
                for p in paragraphs)
     return same / len(paragraphs)

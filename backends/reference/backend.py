@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from arkinfer.backend import LowerRequest, LowerResult
+from arkinfer.frontend.checkpoint import read_config
 
 MODEL_DIR = "model"
 
@@ -41,7 +42,7 @@ class ReferenceBackend:
                 request.progress(f"copy {f.name}")
                 shutil.copy2(f, dest / f.name)
                 files.append(f"{MODEL_DIR}/{f.name}")
-        sparse = "sparse_config" in _config(dest)
+        sparse = "sparse_config" in read_config(dest)
         attention = ("InfLLM v2 above dense_len (arkinfer.ops.infllmv2 fast CPU), dense below"
                      if sparse else "dense (arkinfer::attention, torch SDPA)")
         weights = ("dequantised from the packed format by its numpy unpack, fp32 matmul"
@@ -63,12 +64,6 @@ class ReferenceBackend:
     def reference_weights(self, artifact_dir: str | Path) -> Path:
         """The folder the reference model loads to reproduce this artifact's weights."""
         return Path(artifact_dir) / MODEL_DIR
-
-
-def _config(folder: Path) -> dict:
-    import json
-
-    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
 
 
 BACKEND = ReferenceBackend()
