@@ -58,8 +58,8 @@ class LowerRequest:
     target: the `Target` profile; out_dir: the (temporary) artifact folder to write into.
     options: backend-specific options from the CLI (`--option key=value`).
     progress: call with a short message for long steps.
-    program: the traced and optimised IR (`arkinfer.ir.Program`, shape-only: its weights live in
-        model_dir), or None when the caller did not trace (backends may trace themselves).
+    program: the traced IR (`arkinfer.ir.Program`, fp32 types, no passes run, shape-only: its
+        weights live in model_dir), or None when the caller did not trace (backends then trace).
     """
 
     model_dir: Path

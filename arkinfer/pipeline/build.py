@@ -169,11 +169,15 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
     done("load", f"{ckpt.config.num_hidden_layers} layers, {len(source['files'])} files hashed")
     # ---------------------------------------------------------------- trace
     timed("trace")
+    import torch
+
     from arkinfer import ir
 
-    program = ir.run_passes(ir.trace(str(plan.source), shape_only=True))
+    # Traced once, fp32 types, no passes: what backends lower from (LowerRequest.program).
+    program = ir.trace(str(plan.source), dtype=torch.float32, shape_only=True)
+    optimised = ir.run_passes(program.copy())
     op_counts: dict[str, int] = {}
-    for graph in program.entries.values():
+    for graph in optimised.entries.values():
         for node in graph.nodes:
             op_counts[str(node.op)] = op_counts.get(str(node.op), 0) + 1
     done("trace", f"{sum(op_counts.values())} nodes in {len(program.entries)} entry points")

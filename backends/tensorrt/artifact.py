@@ -66,8 +66,10 @@ def lower(request: LowerRequest) -> LowerResult:
     notes = preflight(src.raw, request.recipe, request.target, request.dtype)
     out = Path(request.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    request.progress("tracing the IR (prefill, symbolic T and P)")
-    program = ir.trace(src.raw, dtype=torch.float32, shape_only=True, entries=("prefill",))
+    program = request.program
+    if program is None:
+        request.progress("tracing the IR (prefill, symbolic T and P)")
+        program = ir.trace(src.raw, dtype=torch.float32, shape_only=True, entries=("prefill",))
     recipe = request.recipe.describe() if request.recipe is not None else f"float {request.dtype}"
     target = getattr(request.target, "id", None) or "unknown"
     sparse = program.meta.get("sparse_config")
