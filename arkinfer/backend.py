@@ -1,24 +1,42 @@
-"""The backend registry: backends register in the `arkinfer.backends` entry-point group.
+"""The backend contract and registry: everything the pipeline asks of a backend, declared here.
 
-Each entry point names an object with the `Backend` protocol, e.g. in a third party's
-pyproject.toml:
+A backend is an object registered in the `arkinfer.backends` entry-point group, e.g. in a third
+party's pyproject.toml:
 
     [project.entry-points."arkinfer.backends"]
     mybackend = "my_package.backend:BACKEND"
 
-Entry points are only imported when a backend is asked for by name, so listing backends never
+Entry points are imported only when a backend is asked for by name, so listing backends never
 imports a backend SDK.
 
-The build pipeline (arkinfer/pipeline/build.py) talks to a backend through three calls:
+**Writing a backend.** Subclass `BackendBase` (it supplies the defaults) and implement:
 
-    backend.lower(request: LowerRequest) -> LowerResult   # write the artifact's files
-    backend.load(artifact_dir, manifest) -> Runner          # run it on this machine
-    backend.available() / install_hint()
+    name: str                                  # the registry name, e.g. "gguf"
+    available() -> bool                        # every toolchain importable here
+    install_hint() -> str                      # the command that makes available() true
+    preflight(raw_config, recipe, target, dtype) -> list[str]
+        # config.json only, before any weight is read: RAISE an ArkError (TargetError) when the
+        # build is impossible (architecture, format, shapes, device capability); RETURN notes
+        # the user should read. Default: no notes.
+    lower(request: LowerRequest) -> LowerResult   # write the artifact's files into out_dir
+    load(artifact_dir, manifest, *, bench=False) -> Runner
+        # run the artifact on this machine; bench=True may return a runner tuned for timing
+    reference_weights(artifact_dir) -> Path | None
+        # a folder or GGUF ArkInfer's reference model can run to reproduce the artifact's exact
+        # (quantised) weights: verify then checks runtime fidelity on the same weights, gated
+        # at `fidelity_top1` top-1 agreement. Default None (no fidelity check).
+    ir_passes: tuple[str, ...]                 # IR passes (arkinfer.ir.PASSES) to run on the
+                                               # program before lower; the manifest records them
+    fidelity_top1: float                       # default 0.99
+
+A `Runner` (below) serves verify, eval and bench; `RunnerBase` supplies `attention_modes = ()`
+(the runner cannot switch between dense and sparse attention) and a refusing `set_attention`.
 
 `LowerRequest.model_dir` is a Hugging Face folder holding the weights to lower: the float source
 checkpoint (`--quant f32/f16/bf16`) or the quantised folder written by `quant.export` in the
 recipe's storage format (gptq / marlin / awq tensors, or ArkInfer's generic layout for the other
 formats, e.g. the exact GGUF block bytes for `gguf-q4_0`). `quant.load` unpacks any of them.
+`LowerRequest.program` is the traced IR after the backend's `ir_passes`.
 """
 
 from __future__ import annotations
@@ -34,17 +52,6 @@ import torch
 from arkinfer.errors import NotAvailableError
 
 GROUP = "arkinfer.backends"
-
-
-@runtime_checkable
-class Backend(Protocol):
-    name: str
-
-    def available(self) -> bool:
-        """True when every toolchain this backend needs on this machine is importable."""
-
-    def install_hint(self) -> str:
-        """The command that makes `available()` true (shown to users when it is not)."""
 
 
 @dataclass
@@ -100,6 +107,7 @@ class Runner(Protocol):
     """
 
     vocab_size: int
+    attention_modes: tuple[str, ...]  # what set_attention accepts ("dense", "sparse"); () = none
 
     def tokenize(self, text: str) -> list[int]:
         """Ids of `text` as the artifact's runtime tokenizes it (no BOS added)."""
@@ -115,6 +123,66 @@ class Runner(Protocol):
 
     def decode(self, token: int) -> torch.Tensor:
         """Append one token; its logits [V]."""
+
+    def set_attention(self, mode: str) -> None:
+        """Switch attention to `mode` (one of `attention_modes`) for the following calls."""
+
+
+class RunnerBase:
+    """Defaults for runners: no attention switch."""
+
+    attention_modes: tuple[str, ...] = ()
+
+    def set_attention(self, mode: str) -> None:
+        if mode not in self.attention_modes:
+            raise NotAvailableError(
+                f"this runtime cannot switch attention to {mode!r} (it runs "
+                f"{', '.join(self.attention_modes) or 'one fixed attention'})",
+                hint="leave attention at its default (e.g. --attention default)")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Everything the pipeline uses of a backend (see the module docstring)."""
+
+    name: str
+    ir_passes: tuple[str, ...]
+    fidelity_top1: float
+
+    def available(self) -> bool:
+        """True when every toolchain this backend needs on this machine is importable."""
+
+    def install_hint(self) -> str:
+        """The command that makes `available()` true (shown to users when it is not)."""
+
+    def preflight(self, raw_config: dict[str, Any], recipe: Any, target: Any,
+                  dtype: str) -> list[str]:
+        """Raise when the build is impossible; else notes (config.json only, no weights)."""
+
+    def lower(self, request: LowerRequest) -> LowerResult:
+        """Write the artifact's files into `request.out_dir`."""
+
+    def load(self, artifact_dir: str | Path, manifest: dict[str, Any] | None = None, *,
+             bench: bool = False) -> Runner:
+        """A Runner of the artifact on this machine (bench=True: tuned for timing)."""
+
+    def reference_weights(self, artifact_dir: str | Path) -> Path | None:
+        """Weights the reference model runs to reproduce the artifact exactly, or None."""
+
+
+class BackendBase:
+    """Defaults for the optional parts of the `Backend` contract."""
+
+    name: str = ""
+    ir_passes: tuple[str, ...] = ()
+    fidelity_top1: float = 0.99
+
+    def preflight(self, raw_config: dict[str, Any], recipe: Any, target: Any,
+                  dtype: str) -> list[str]:
+        return []
+
+    def reference_weights(self, artifact_dir: str | Path) -> Path | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -142,9 +210,13 @@ def get_backend(name: str) -> Backend:
                                 "a backend registers in the 'arkinfer.backends' entry-point group")
     backend = eps[name].load()
     if not isinstance(backend, Backend):
+        missing = [m for m in ("name", "ir_passes", "fidelity_top1", "available", "install_hint",
+                               "preflight", "lower", "load", "reference_weights")
+                   if not hasattr(backend, m)]
         raise NotAvailableError(f"entry point {eps[name].value!r} of backend {name!r} does not "
-                                "provide name, available() and install_hint()",
-                                hint="fix the backend package's entry point")
+                                f"implement the Backend contract (missing: {', '.join(missing)})",
+                                hint="subclass arkinfer.backend.BackendBase and implement the "
+                                "members arkinfer/backend.py lists")
     return backend
 
 

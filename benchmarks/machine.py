@@ -1,5 +1,5 @@
-"""What machine a benchmark ran on: re-exported from arkinfer.machine for the scripts here."""
+"""What machine a benchmark ran on: re-exported from arkinfer.targets.machine for the scripts here."""
 
-from arkinfer.machine import cpu_model, machine_info
+from arkinfer.targets.machine import cpu_model, machine_info
 
 __all__ = ["cpu_model", "machine_info"]

@@ -29,7 +29,6 @@ timings, bits per weight). The folder is built under a temporary name and rename
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time
@@ -40,9 +39,9 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import open_checkpoint
 from arkinfer.frontend.safetensors_io import DTYPES
+from arkinfer.output_folder import check_output, remove_leftovers, replace_folder, staging_path
 
 from .calib.stream import CalibrationRun, block_file, load_weights, release_maps
 from .formats import get_format
@@ -98,20 +97,47 @@ def _torch(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
+def is_quantised_folder(folder: Path) -> bool:
+    """True when `folder` is a quantised folder ArkInfer exported (it has a readable summary)."""
+    try:
+        return isinstance(json.loads((folder / SUMMARY_NAME).read_text(encoding="utf-8")), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def check_quantised_output(out: Path, source: Path, *, force: bool) -> None:
+    """Raise unless `quantize` may write `out`: --force replaces only an earlier quantised
+    folder (or an empty one), never the source model, the current folder or a parent of it."""
+    check_output(out, force=force, what=f"ArkInfer quantised folder (with {SUMMARY_NAME})",
+                 is_ours=is_quantised_folder, protected=[(source, "the source model")])
+
+
 def export_folder(run: CalibrationRun, out: str | Path, *, force: bool = False,
                   keep_work: bool = False) -> Path:
     """Write the quantised HF folder for `run` to `out` (see the module docstring)."""
     t0 = time.perf_counter()
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ArkError(f"output folder {out} exists and is not empty",
-                       hint="pick another -o folder or pass --force to replace it")
+    check_quantised_output(out, run.source, force=force)
+    remove_leftovers(out)
     ckpt = open_checkpoint(run.source, with_tokenizer=False)
     fmt = get_format(run.recipe.format)
-    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = staging_path(out, "exporting")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write_folder(run, ckpt, fmt, tmp, t0)
+        check_quantised_output(out, run.source, force=force)  # it may have changed meanwhile
+        replace_folder(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not keep_work:
+        shutil.rmtree(run.work_dir, ignore_errors=True)
+    return out
+
+
+def _write_folder(run: CalibrationRun, ckpt, fmt, tmp: Path, t0: float) -> None:
+    """Every file of the quantised folder into `tmp` (shards, config, index, tokenizer, summary)."""
     n = run.n_layers
     tail_q: dict[str, QuantizedWeight] = {}
     if run.tail is not None and run.tail.get("status") == "quantised":
@@ -184,13 +210,6 @@ def export_folder(run: CalibrationRun, out: str | Path, *, force: bool = False,
     summary = build_summary(run, fmt.name, qcfg, stats, float_linears)
     summary["timings"]["export_seconds"] = round(time.perf_counter() - t0, 3)
     _write_json(tmp / SUMMARY_NAME, summary)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    if not keep_work:
-        shutil.rmtree(run.work_dir, ignore_errors=True)
-    return out
-
 
 def build_summary(run: CalibrationRun, fmt_name: str, qcfg: dict, stats: dict,
                   float_linears: list[str]) -> dict[str, Any]:

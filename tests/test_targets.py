@@ -14,10 +14,10 @@ from arkinfer.cli import targets as targets_cli
 from arkinfer.errors import TargetError
 from arkinfer.targets import (
     KNOWN_BACKENDS,
-    KNOWN_QUANT_FORMATS,
-    DType,
+    DeviceDType,
     Provenance,
     evaluate_derivation,
+    known_quant_formats,
     index_targets,
     list_targets,
     load_target,
@@ -53,7 +53,7 @@ def test_profile_is_complete_and_in_vocabulary(tid):
     t = load_target(tid)
     assert t.default_backend in t.backends
     assert set(t.backends) <= set(KNOWN_BACKENDS)
-    assert set(t.quant_formats) <= set(KNOWN_QUANT_FORMATS)
+    assert set(t.quant_formats) <= set(known_quant_formats())
     assert "gguf" in t.backends or t.id == "host" and "reference" in t.backends
     assert t.codegen.source
     for name, q in _quantities(t).items():
@@ -76,7 +76,7 @@ def test_capability_gates_follow_the_hardware(tid):
     cuda_formats = {"marlin", "gptq", "awq"}
     if any(cuda_formats & set(b.quant_formats) for n, b in t.backends.items() if n != "reference"):
         assert sm >= 80, "Marlin/GPTQ/AWQ CUDA kernels need sm_80+"
-    if DType.F8_E4M3 in t.dtypes or DType.F8_E5M2 in t.dtypes:
+    if DeviceDType.F8_E4M3 in t.dtypes or DeviceDType.F8_E5M2 in t.dtypes:
         assert sm >= 89, "FP8 tensor cores need sm_89+"
     if arch == "sm_87":
         assert "arch=compute_87,code=compute_87" in t.codegen.cuda_gencode  # ship PTX on Tegra
@@ -85,11 +85,12 @@ def test_capability_gates_follow_the_hardware(tid):
 
 
 def test_quant_formats_are_registered_formats():
-    formats = pytest.importorskip("arkinfer.quant.formats")
-    registered = {f.name for f in formats.all_formats()}
-    assert set(KNOWN_QUANT_FORMATS) <= registered
-    for fmt in KNOWN_QUANT_FORMATS:
-        assert formats.get_format(fmt).name == fmt
+    """The shipped profiles name only registered formats (the list comes from the registry)."""
+    from arkinfer.quant.formats import all_formats
+
+    assert set(known_quant_formats()) == {f.name for f in all_formats()}
+    for t in list_targets():
+        assert set(t.quant_formats) <= set(known_quant_formats()), t.id
 
 
 def test_llama_cpp_devices_accept_gguf():

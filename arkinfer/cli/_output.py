@@ -19,6 +19,14 @@ def print_json(data: Any) -> None:
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    """A table on a terminal; plain tab-separated lines, never truncated, when stdout is a pipe
+    or a file (`arkinfer targets | grep ID` finds whole ids)."""
+    if not console.is_terminal:
+        if title:
+            print(f"# {title}")
+        for line in [columns, *rows]:
+            print("\t".join(str(x) for x in line))
+        return
     table = Table(title=escape(title) if title else None, show_header=True, header_style="bold")
     for col in columns:
         table.add_column(col)
@@ -28,7 +36,12 @@ def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) ->
 
 
 def print_kv(title: str, items: list[tuple[str, Any]]) -> None:
-    """A two-column key/value block."""
+    """A two-column key/value block (plain `key: value` lines when stdout is not a terminal)."""
+    if not console.is_terminal:
+        print(title)
+        for key, value in items:
+            print(f"  {key}: {value}")
+        return
     table = Table(title=escape(title), show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()

@@ -2,7 +2,7 @@
 
 Lists the registered backends (usable here or not, with the install command), the versions of
 the toolchains ArkInfer uses, and the host's copy bandwidth, fp32 matmul rate and memory,
-measured once and cached (arkinfer/host_profile.py) for `host` predictions in plan, build and
+measured once and cached (arkinfer/targets/host.py) for `host` predictions in plan, build and
 bench.
 """
 
@@ -76,7 +76,7 @@ def command(
 
 @handle_errors
 def run(remeasure: bool, json_out: bool) -> None:
-    from arkinfer.host_profile import cache_path, host_measurement, load_cached
+    from arkinfer.targets.host import cache_path, host_measurement, load_cached
 
     cached = None if remeasure else load_cached()
     if cached is None and not json_out:

@@ -56,7 +56,7 @@ def command(
 
     if is_artifact(model):
         manifest, runner = load_runner(model)
-        if dense and hasattr(runner, "set_attention"):
+        if dense and "dense" in runner.attention_modes:
             runner.set_attention("dense")
         ids = runner.tokenize(content)
         logits_fn, where = runner.window_logits, f"{model} ({manifest['backend']['name']} runner)"

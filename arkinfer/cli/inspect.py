@@ -67,7 +67,7 @@ def command(
         _print_ir(model, ir_passes, json_out)
         return
     from arkinfer.frontend.checkpoint import open_checkpoint
-    from arkinfer.summary import summarize
+    from arkinfer.frontend.summary import summarize
 
     info = summarize(open_checkpoint(model))
     if json_out:

@@ -120,15 +120,18 @@ def command(
     from arkinfer.frontend.checkpoint import open_checkpoint
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib_data import load_calibration
-    from arkinfer.quant.export import export_folder
+    from arkinfer.quant.export import check_quantised_output, export_folder
+    from arkinfer.resolve import fit_recipe
 
     # act-order over static groups leaves g_idx static: the recipe (format check) has no desc_act
     recipe = build_recipe(method.value if method else None, bits, group_size, sym,
                           act_order and not static_groups, fmt, preset, quantize_lm_head)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ArkError(f"output folder {out} exists and is not empty",
-                       hint="pick another -o folder or pass --force to replace it")
     ckpt = open_checkpoint(model)
+    check_quantised_output(out, ckpt.path, force=force)  # before hours of calibration
+    if group_size is None:  # the preset's group, fitted to the model as `build` fits it
+        recipe, notes = fit_recipe(recipe, ckpt.raw_config)
+        for note in notes:
+            err_console.print(f"note: {note}", markup=False)
     if ckpt.tokenizer is None:
         raise ArkError(f"{ckpt.path} has no tokenizer.json; calibration text must be tokenised",
                        hint="add the model's tokenizer.json to the folder")

@@ -15,9 +15,9 @@ a failure or Ctrl-C never leaves a half-written OUT_DIR. Peak memory is about on
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
+import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +30,8 @@ from arkinfer.errors import GGUFError
 from arkinfer.frontend import gguf_model, gguf_tokenizer
 from arkinfer.frontend.gguf_reader import GGUFFile
 from arkinfer.frontend.shard_writer import DTYPES, TensorSpec, WeightDtype, write_shards
+from arkinfer.output_folder import (OutputError, check_output, remove_leftovers,
+                                     replace_folder, staging_path)
 
 ProgressFn = Callable[[int, int, str], None]
 DEFAULT_SHARD_BYTES = 5 * 1000**3  # Hugging Face's save_pretrained default ("5GB")
@@ -58,19 +60,33 @@ class ImportResult:
     config: dict[str, Any] = field(repr=False)
 
 
+def imported_metadata(folder: Path) -> dict[str, str] | None:
+    """The `arkinfer_*` metadata of the first safetensors shard of a folder this importer wrote
+    (e.g. {"arkinfer_source": "gguf", "arkinfer_importer": "1", ...}); None for any other folder."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files or not (folder / "config.json").is_file() or not files[0].is_file():
+        return None
+    try:
+        with open(files[0], "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            if size > 100 << 20:
+                return None
+            header = json.loads(fh.read(size))
+        meta = header.get("__metadata__") if isinstance(header, dict) else None
+    except (OSError, struct.error, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("arkinfer_source") != "gguf":
+        return None
+    return {k: v for k, v in meta.items() if k.startswith("arkinfer_")}
+
+
 def _check_out_dir(out: Path, source: Path, force: bool) -> None:
-    real = out.resolve()
-    for inside, what in ((source.resolve(), "the GGUF file being imported"),
-                         (Path.cwd().resolve(), "the current folder")):
-        if real == inside or real in inside.parents:
-            raise GGUFError(f"output folder {out} contains {what}; replacing it would delete it",
-                            hint="choose a new, separate folder for the Hugging Face checkpoint")
-    if out.exists() and not out.is_dir():
-        raise GGUFError(f"output path {out} exists and is not a folder",
-                        hint="choose a new folder name for the Hugging Face checkpoint")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise GGUFError(f"output folder {out} already exists and is not empty",
-                        hint="choose a new folder, or replace it with --force")
+    try:
+        check_output(out, force=force, what="ArkInfer import of a GGUF file",
+                     is_ours=lambda folder: imported_metadata(folder) is not None,
+                     protected=[(source, "the GGUF file being imported")])
+    except OutputError as exc:
+        raise GGUFError(exc.message, hint=exc.hint) from None
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -85,21 +101,6 @@ def _first_missing_ancestor(path: Path) -> Path | None:
             break
         missing = parent
     return missing
-
-
-def _move_into_place(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    # --force or an empty folder: swap, then delete the old content (never a half state at `out`).
-    old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-    os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: WeightDtype = "f32",
@@ -121,8 +122,9 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: WeightDtype =
     out = Path(out_dir).expanduser().absolute()
     source = Path(gguf_path).expanduser()
     _check_out_dir(out, source, force)
+    remove_leftovers(out)  # of an import killed with kill -9
     gguf = GGUFFile(source)
-    spec = gguf_model.arch_spec(gguf)
+    spec = gguf_model.spec_from_gguf(gguf)
     plans = gguf_model.plan_tensors(gguf, spec)
     config = gguf_model.build_config(gguf, spec, DTYPES[dtype][2])
     tok = gguf_tokenizer.build_tokenizer(gguf, config["max_position_embeddings"])
@@ -148,7 +150,7 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: WeightDtype =
 
     created_parent = _first_missing_ancestor(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.importing-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = staging_path(out, "importing", f"-{secrets.token_hex(4)}")
     tmp.mkdir()  # not mkdtemp: the folder keeps the user's umask permissions after the rename
     try:
         if progress is not None:
@@ -163,7 +165,7 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: WeightDtype =
         files += ["config.json", "generation_config.json", "tokenizer.json",
                   "tokenizer_config.json"]
         size = sum((tmp / name).stat().st_size for name in files)
-        _move_into_place(tmp, out)
+        replace_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if created_parent is not None:

@@ -85,7 +85,7 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
         w.shape)
 
 
-def arch_spec(f: GGUFFile) -> ArchSpec:
+def spec_from_gguf(f: GGUFFile) -> ArchSpec:
     spec = ARCHS.get(f.arch)
     if spec is None:
         raise GGUFError(f"{f.path.name} has architecture {f.arch!r}, which ArkInfer cannot import",
@@ -94,7 +94,7 @@ def arch_spec(f: GGUFFile) -> ArchSpec:
 
 
 @dataclass(frozen=True)
-class TensorPlan:
+class ImportTensor:
     """One output tensor: HF name and shape, its GGUF source, and the q/k heads to unpermute."""
 
     hf_name: str
@@ -127,7 +127,7 @@ def _dims(f: GGUFFile) -> dict[str, int]:
             "ffn": f.get_int(f"{f.arch}.feed_forward_length")}
 
 
-def plan_tensors(f: GGUFFile, spec: ArchSpec) -> list[TensorPlan]:
+def plan_tensors(f: GGUFFile, spec: ArchSpec) -> list[ImportTensor]:
     """Every output tensor in HF order (embed, layers 0..L-1, norm, lm_head), shapes checked.
 
     Raises one GGUFError listing missing, unexpected and mis-shaped tensors.
@@ -181,10 +181,10 @@ def plan_tensors(f: GGUFFile, spec: ArchSpec) -> list[TensorPlan]:
                 f"the {f.arch!r} architecture that ArkInfer does not import")
         raise GGUFError(f"{f.path.name} does not hold the tensors of a {d['layers']}-layer "
                         f"{f.arch!r} model:\n  " + "\n  ".join(parts), hint=hint)
-    return [TensorPlan(hf, gname, shape, heads) for gname, (hf, shape, heads) in expected.items()]
+    return [ImportTensor(hf, gname, shape, heads) for gname, (hf, shape, heads) in expected.items()]
 
 
-def hf_tensor(f: GGUFFile, plan: TensorPlan) -> np.ndarray:
+def hf_tensor(f: GGUFFile, plan: ImportTensor) -> np.ndarray:
     """Dequantised float32 tensor in HF layout (q/k rows unpermuted where llama.cpp permuted)."""
     data = f.dequantize(plan.gguf_name)
     if plan.unpermute_heads:

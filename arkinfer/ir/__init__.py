@@ -22,7 +22,7 @@ from arkinfer.ir.errors import (
     SchemaError,
     TraceError,
     UnsupportedOpError,
-    VerifyError,
+    IRVerifyError,
 )
 from arkinfer.ir.graph import ENTRY_POINTS, Graph, Input, Node, Program
 from arkinfer.ir.interpret import empty_cache, interpret, step
@@ -38,7 +38,7 @@ from arkinfer.ir.weights import QuantSpec, Weight, WeightStore
 __all__ = [
     "DEFAULT_PIPELINE", "ENTRY_POINTS", "PASSES", "SCHEMA_VERSION", "SPECS", "DType", "Graph",
     "IRError", "Input", "InterpretError", "Node", "Op", "OpGroup", "Program", "QuantSpec",
-    "SchemaError", "TensorType", "TraceError", "UnsupportedOpError", "VerifyError", "Weight",
+    "SchemaError", "TensorType", "TraceError", "UnsupportedOpError", "IRVerifyError", "Weight",
     "WeightStore", "empty_cache", "interpret", "load", "ops_in", "print_graph", "print_ir",
     "program_to_json", "run_passes", "save", "step", "trace", "verify",
 ]

@@ -16,7 +16,7 @@ from typing import Union
 
 import sympy
 
-from arkinfer.ir.errors import VerifyError
+from arkinfer.ir.errors import IRVerifyError
 
 Dim = Union[int, str]  # noqa: UP007 - a type alias used at runtime by isinstance checks elsewhere
 
@@ -35,7 +35,7 @@ def _to_sympy(node: ast.AST, text: str) -> sympy.Expr:
         return -_to_sympy(node.operand, text)
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         return _BINOPS[type(node.op)](_to_sympy(node.left, text), _to_sympy(node.right, text))
-    raise VerifyError(f"dimension expression {text!r} uses {type(node).__name__}, which is not allowed",
+    raise IRVerifyError(f"dimension expression {text!r} uses {type(node).__name__}, which is not allowed",
                       hint="dims are ints or expressions of names with + - * and integers, e.g. 'P+T'")
 
 
@@ -45,7 +45,7 @@ def parse(text: str) -> sympy.Expr:
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
-        raise VerifyError(f"dimension expression {text!r} is not valid",
+        raise IRVerifyError(f"dimension expression {text!r} is not valid",
                           hint="write e.g. 'T', 'P+T' or 'S+1'") from None
     return sympy.expand(_to_sympy(tree, text))
 
@@ -61,7 +61,7 @@ def from_sympy(expr: sympy.Expr) -> Dim:
 def canon(d: Dim | sympy.Expr) -> Dim:
     """Canonical form: ints stay ints; expressions print in one way ("T+P" -> "P+T")."""
     if isinstance(d, bool):
-        raise VerifyError(f"dimension {d!r} is a bool, not an int or expression")
+        raise IRVerifyError(f"dimension {d!r} is a bool, not an int or expression")
     if isinstance(d, int):
         return d
     if isinstance(d, str):
@@ -105,7 +105,7 @@ def evaluate(d: Dim, env: Mapping[str, int]) -> int:
         return d
     missing = symbols(d) - set(env)
     if missing:
-        raise VerifyError(f"dimension {d!r} uses {sorted(missing)}, which are not bound",
+        raise IRVerifyError(f"dimension {d!r} uses {sorted(missing)}, which are not bound",
                           hint="bind every named dim from the entry point's inputs")
     return int(eval(_compiled(d), {"__builtins__": {}}, dict(env)))
 

@@ -9,7 +9,7 @@ class IRError(ArkError):
     """Base class of every IR error."""
 
 
-class VerifyError(IRError):
+class IRVerifyError(IRError):
     """A graph breaks an IR rule (types, shapes, use before definition, missing weight, ...)."""
 
 

@@ -1,7 +1,7 @@
 """Type inference: the output type of every op from its operand types, attributes and weights.
 
 Lowering uses it to type new nodes, passes to type rewritten ones, and the verifier re-runs it on
-every node and compares with the declared type. A violated rule raises VerifyError with a short
+every node and compares with the declared type. A violated rule raises IRVerifyError with a short
 message; callers add the node's name.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from arkinfer.ir import dims
 from arkinfer.ir.dims import Dim
-from arkinfer.ir.errors import VerifyError
+from arkinfer.ir.errors import IRVerifyError
 from arkinfer.ir.ops import Op
 from arkinfer.ir.types import DType, TensorType
 
@@ -24,7 +24,7 @@ _INT = (DType.I64, DType.I32)
 
 def _need(ok: bool, problem: str) -> None:
     if not ok:
-        raise VerifyError(problem)
+        raise IRVerifyError(problem)
 
 
 def _same(a: Dim, b: Dim, what: str) -> None:
@@ -45,7 +45,7 @@ def _broadcast(a: TensorType, b: TensorType) -> tuple[Dim, ...]:
         elif y == 1 or dims.equal(x, y):
             out.append(x)
         else:
-            raise VerifyError(f"shapes {a} and {b} do not broadcast (dim -{i}: {x} vs {y})")
+            raise IRVerifyError(f"shapes {a} and {b} do not broadcast (dim -{i}: {x} vs {y})")
     return tuple(reversed(out))
 
 
@@ -67,7 +67,7 @@ def _rope(x: TensorType, pos: TensorType, half: Dim, what: str, a: dict[str, Any
 
 
 def infer_type(op: Op, ins: list[TensorType], a: dict[str, Any], wt: WeightTypes) -> TensorType:
-    """The type `op` produces; raises VerifyError naming the broken rule."""
+    """The type `op` produces; raises IRVerifyError naming the broken rule."""
     if op == Op.EMBED:
         w = wt(a["weight"])
         _need(ins[0].dtype in _INT, f"ids must be integer, got {ins[0]}")
@@ -144,4 +144,4 @@ def infer_type(op: Op, ins: list[TensorType], a: dict[str, Any], wt: WeightTypes
         _need(isinstance(size, int), f"slice along symbolic dim {size} is not supported")
         _need(0 <= start <= end <= size, f"slice [{start}:{end}] out of range for size {size}")
         return x.with_shape(x.shape[:d] + (end - start,) + x.shape[d + 1:])
-    raise VerifyError(f"no type rule for op {op!r}")
+    raise IRVerifyError(f"no type rule for op {op!r}")

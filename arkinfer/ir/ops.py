@@ -137,10 +137,10 @@ def ops_in(group: OpGroup) -> tuple[Op, ...]:
 
 
 def parse_op(text: str) -> Op:
-    from arkinfer.ir.errors import VerifyError
+    from arkinfer.ir.errors import IRVerifyError
 
     try:
         return Op(text)
     except ValueError:
-        raise VerifyError(f"op {text!r} is not an IR op",
+        raise IRVerifyError(f"op {text!r} is not an IR op",
                           hint=f"IR ops: {', '.join(o.value for o in Op)}") from None

@@ -10,7 +10,7 @@ import torch
 
 from arkinfer.ir import dims
 from arkinfer.ir.dims import Dim
-from arkinfer.ir.errors import VerifyError
+from arkinfer.ir.errors import IRVerifyError
 
 
 class DType(StrEnum):
@@ -36,7 +36,7 @@ class DType(StrEnum):
         for k, v in _TO_TORCH.items():
             if v == dtype:
                 return k
-        raise VerifyError(f"torch dtype {dtype} has no IR dtype",
+        raise IRVerifyError(f"torch dtype {dtype} has no IR dtype",
                           hint=f"supported: {', '.join(d.value for d in cls)}")
 
     @classmethod
@@ -44,7 +44,7 @@ class DType(StrEnum):
         try:
             return cls(text)
         except ValueError:
-            raise VerifyError(f"dtype {text!r} is not an IR dtype",
+            raise IRVerifyError(f"dtype {text!r} is not an IR dtype",
                               hint=f"use one of {', '.join(d.value for d in cls)}") from None
 
 

@@ -5,7 +5,7 @@ value names unique; every operand defined before use; ops known, with the right 
 and exactly their attributes, of the right kinds; every weight referenced exists in the store;
 every node's declared type equals the type inferred from its operands (dtypes and symbolic shapes);
 outputs defined; the KV-cache inputs and outputs listed in the program metadata present.
-All problems are reported in one VerifyError.
+All problems are reported in one IRVerifyError.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from arkinfer.ir import dims
-from arkinfer.ir.errors import IRError, VerifyError
+from arkinfer.ir.errors import IRError, IRVerifyError
 from arkinfer.ir.graph import Graph, Program
 from arkinfer.ir.infer import infer_type
 from arkinfer.ir.ops import LONG_ROPE_ATTRS, SPECS, AttrKind, Op
@@ -77,7 +77,7 @@ def graph_problems(graph: Graph, store: WeightStore) -> list[str]:
 
     def weight_type(name: str) -> TensorType:
         if name not in store:
-            raise VerifyError(f"weight '{name}' is not in the weight store")
+            raise IRVerifyError(f"weight '{name}' is not in the weight store")
         return store[name].type
 
     for node in graph.nodes:
@@ -131,7 +131,7 @@ def graph_problems(graph: Graph, store: WeightStore) -> list[str]:
 
 
 def verify(program: Program, after: str | None = None) -> Program:
-    """Raise VerifyError listing every problem of every entry point; return `program` if valid."""
+    """Raise IRVerifyError listing every problem of every entry point; return `program` if valid."""
     problems: list[str] = []
     if not program.entries:
         problems.append("the program has no entry points")
@@ -148,7 +148,7 @@ def verify(program: Program, after: str | None = None) -> Program:
         shown = problems[:_MAX_SHOWN] + ([f"... and {len(problems) - _MAX_SHOWN} more"]
                                          if len(problems) > _MAX_SHOWN else [])
         stage = f" after pass '{after}'" if after else ""
-        raise VerifyError(f"the IR is invalid{stage} ({len(problems)} problem(s)):\n  "
+        raise IRVerifyError(f"the IR is invalid{stage} ({len(problems)} problem(s)):\n  "
                           + "\n  ".join(shown),
                           hint=f"this is a bug in '{after}'" if after else
                           "the graph was built or edited by hand, or by a buggy lowering")

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from arkinfer.ir.errors import IRError, VerifyError
+from arkinfer.ir.errors import IRError, IRVerifyError
 from arkinfer.ir.types import TensorType
 
 QUANT_BITS = (2, 3, 4, 8)
@@ -32,12 +32,12 @@ class QuantSpec:
 
     def __post_init__(self) -> None:
         if self.bits not in QUANT_BITS:
-            raise VerifyError(f"quant bits={self.bits} is not supported",
+            raise IRVerifyError(f"quant bits={self.bits} is not supported",
                               hint=f"use one of {QUANT_BITS}")
         if self.group_size != -1 and self.group_size <= 0:
-            raise VerifyError(f"quant group_size={self.group_size} must be positive or -1 (per row)")
+            raise IRVerifyError(f"quant group_size={self.group_size} must be positive or -1 (per row)")
         if not self.format:
-            raise VerifyError("quant format must name a storage format, e.g. 'gptq'")
+            raise IRVerifyError("quant format must name a storage format, e.g. 'gptq'")
 
     def to_json(self) -> dict[str, Any]:
         return {"bits": self.bits, "group_size": self.group_size, "format": self.format,
@@ -55,7 +55,7 @@ class Weight:
                  loader: Callable[[], torch.Tensor] | None = None,
                  quant: QuantSpec | None = None) -> None:
         if not type.is_static:
-            raise VerifyError(f"weight '{name}' has symbolic shape {type}; weights are static")
+            raise IRVerifyError(f"weight '{name}' has symbolic shape {type}; weights are static")
         self.name, self.type, self.quant = name, type, quant
         self._data, self._loader = data, loader
 
@@ -97,7 +97,7 @@ class WeightStore:
 
     def add(self, weight: Weight) -> Weight:
         if weight.name in self._weights:
-            raise VerifyError(f"weight '{weight.name}' is already in the store")
+            raise IRVerifyError(f"weight '{weight.name}' is already in the store")
         self._weights[weight.name] = weight
         return weight
 

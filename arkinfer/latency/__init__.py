@@ -7,7 +7,8 @@ this machine's measured numbers (`arkinfer doctor`).
     p.decode_tok_s, p.prefill_tok_s, p.ttft_s, p.bound, p.as_dict()
 """
 
-from arkinfer.latency.cost import FLOAT_SCHEMES, ModelCost, TensorCost, resolve_quant
+from arkinfer.latency.cost import ModelCost, TensorCost, resolve_quant
+from arkinfer.resolve import FLOAT_SCHEMES
 from arkinfer.latency.predict import (
     MemoryFit,
     Prediction,
@@ -20,7 +21,7 @@ from arkinfer.latency.storage import Storage, format_bytes, linear_storage
 
 def host_target(measure_if_missing: bool = True, remeasure: bool = False):
     """The `host` Target with this machine's measured memory, bandwidth and compute."""
-    from arkinfer.host_profile import host_target as _host_target
+    from arkinfer.targets.host import host_target as _host_target
 
     return _host_target(measure_if_missing=measure_if_missing, remeasure=remeasure)
 

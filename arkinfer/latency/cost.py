@@ -28,9 +28,9 @@ from typing import Any
 from arkinfer.errors import ConfigError
 from arkinfer.frontend.safetensors_io import DTYPES
 from arkinfer.latency.storage import FLOAT_BYTES, Storage, dtype_of, linear_storage
-from arkinfer.summary import compressed_key_bytes, kv_bytes_per_token
+from arkinfer.resolve import FLOAT_SCHEMES
+from arkinfer.frontend.summary import compressed_key_bytes, kv_bytes_per_token
 
-FLOAT_SCHEMES = ("f32", "f16", "bf16")
 Role = str  # "embedding" | "lm_head" | "linear" | "other"
 
 

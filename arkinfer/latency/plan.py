@@ -6,10 +6,8 @@ safetensors headers alone.
                        # config has sparse_config and the backend runs it
     plan.refusal()     # an ArkError with the numbers when it does not fit at the smallest context
 
-`--quant` takes a float dtype (f32, f16 / fp16, bf16), a preset (quant/recipe.py), or `int4`: the
-first 4-bit preset whose format the backend takes (marlin on tensorrt, q4_0 on gguf, mlx4 on mlx).
-Without `--backend` the target's default backend is used when it takes the scheme, else the first
-of the target's backends that does.
+`--quant` is resolved by `arkinfer.resolve`, the resolver `build` uses too (aliases, `int4`, the
+backend choice and the preset fitted to the model's shapes).
 """
 
 from __future__ import annotations
@@ -17,61 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from arkinfer.errors import ArkError, TargetError
-from arkinfer.latency.cost import FLOAT_SCHEMES, ModelCost
+from arkinfer.errors import ArkError
+from arkinfer.latency.cost import ModelCost
 from arkinfer.latency.predict import Prediction, predict
 from arkinfer.latency.source import ModelSource, load_source
+from arkinfer.quant.recipe import PRESETS
+from arkinfer.resolve import FLOAT_SCHEMES, resolve
 
 CONTEXTS = (4096, 32768, 131072)
-DTYPE_ALIASES = {"fp16": "f16", "fp32": "f32", "float16": "f16", "float32": "f32",
-                 "bfloat16": "bf16"}
 # Backends that run a sparse_config model with dense attention only.
 DENSE_ONLY = {"gguf": "llama.cpp runs MiniCPM with dense attention; sparse_config is kept as "
                       "metadata only (specs/infllmv2.md §7)"}
-
-
-def _presets() -> dict[str, Any]:
-    from arkinfer.quant.recipe import PRESETS
-
-    return PRESETS
-
-
-def _takes(target: Any, backend: str, quant: str) -> bool:
-    b = target.backends[backend]
-    if quant in FLOAT_SCHEMES:
-        return quant in [str(d) for d in b.dtypes]
-    return _presets()[quant].format in b.quant_formats
-
-
-def resolve_scheme(target: Any, quant: str, backend: str | None = None) -> tuple[str, str, str]:
-    """(backend, quant scheme, how it was chosen) for `quant` on `target`; TargetError naming
-    the alternatives when the target cannot run it."""
-    q = DTYPE_ALIASES.get(quant.lower(), quant.lower())
-    order = [backend] if backend else [target.default_backend,
-                                       *[b for b in target.backends if b != target.default_backend]]
-    for name in order:
-        target.backend(name)  # TargetError when the backend is not allowed on the target
-    if q == "int4":
-        for name in order:
-            for fmt in target.backends[name].quant_formats:
-                for preset, r in _presets().items():
-                    if r.format == fmt and r.bits == 4 and r.calib != "ternary":
-                        return name, preset, f"int4 -> {preset} ({r.describe()}) on {name}"
-        raise TargetError(f"no 4-bit format on backend(s) {', '.join(order)} of '{target.id}'",
-                          hint=f"formats there: {', '.join(target.quant_formats) or 'none'}")
-    if q not in FLOAT_SCHEMES and q not in _presets():
-        raise ArkError(f"unknown --quant {quant!r}; known: int4, "
-                       f"{', '.join([*FLOAT_SCHEMES, *_presets()])}",
-                       hint="int4 picks the backend's 4-bit format; presets: quant/recipe.py")
-    for name in order:
-        if _takes(target, name, q):
-            how = "" if name == target.default_backend else \
-                f"{name}: the default backend {target.default_backend} does not take {q}"
-            return name, q, how
-    fmt = None if q in FLOAT_SCHEMES else _presets()[q].format
-    target.check(order[0], quant_format=fmt, dtype=q if fmt is None else None)
-    raise TargetError(f"--quant {q} is not allowed on '{target.id}'",
-                      hint="`arkinfer targets show TARGET` lists what it runs")  # not reached
 
 
 @dataclass
@@ -153,13 +107,14 @@ def fitting_alternatives(plan: Plan) -> str:
     """Schemes of the plan's backend that fit at the smallest context, largest first."""
     b = plan.target.backends[plan.backend]
     schemes = [q for q in FLOAT_SCHEMES if q in [str(d) for d in b.dtypes]]
-    schemes += [n for n, r in _presets().items() if r.format in b.quant_formats]
+    schemes += [n for n, r in PRESETS.items() if r.format in b.quant_formats]
     ctx = min(plan.contexts)
     found = []
     for q in schemes:
         if q == plan.quant:
             continue
-        cost = ModelCost.from_config(plan.source.raw_config, q, plan.source.headers,
+        fitted = resolve(q, plan.source.raw_config, plan.target, plan.backend).recipe
+        cost = ModelCost.from_config(plan.source.raw_config, fitted or q, plan.source.headers,
                                      source=plan.cost.source)
         p = predict(cost, plan.target, ctx=ctx, prompt=ctx)
         if p.fits:
@@ -174,17 +129,18 @@ def make_plan(model: str, target: Any, quant: str, backend: str | None = None,
 
     tgt = load_target(target) if isinstance(target, str) else target
     if tgt.measured_at_runtime and tgt.bandwidth is None:
-        from arkinfer.host_profile import host_target
+        from arkinfer.targets.host import host_target
 
         tgt = host_target()
-    name, scheme, how = resolve_scheme(tgt, quant, backend)
     source = load_source(model)
-    cost = ModelCost.from_config(source.raw_config, scheme, source.headers,
+    r = resolve(quant, source.raw_config, tgt, backend)  # the same resolver as `build`
+    name, scheme = r.backend, r.scheme
+    cost = ModelCost.from_config(source.raw_config, r.recipe or scheme, source.headers,
                                  source=source.label.split(" (")[0])
     sparse_ok = None if cost.sparse is None else name not in DENSE_ONLY
     modes = ["dense", "sparse"] if sparse_ok else ["dense"]
     rows = [predict(cost, tgt, ctx=c, prompt=c, attention=a) for c in contexts for a in modes]
-    notes = [how] if how else []
+    notes = list(r.notes)
     max_pos = cost.config.max_position_embeddings
     notes += [f"{c} tokens exceed the config's max_position_embeddings ({max_pos})"
               for c in contexts if c > max_pos]

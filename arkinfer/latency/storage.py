@@ -1,26 +1,9 @@
-"""Bytes one linear weight occupies in a storage format, scales and zero points included.
+"""How one linear weight is stored under a recipe, and its bytes — asked of the storage format.
 
-Linear weight `W` is `[N, K]` = `[out_features, in_features]`; `ng` = K / group_size (1 for a
-whole-row group). The layouts are those of `arkinfer.quant.formats` (specs/quant.md §6); the test
-`tests/test_latency_storage.py` checks every formula against the bytes the packer really writes.
-
-| format       | codes                | scales            | zero points / extra                      |
-|--------------|----------------------|-------------------|------------------------------------------|
-| marlin       | N·K·b/8              | ng·N fp16         | none (symmetric only)                    |
-| gptq         | N·K·b/8              | ng·N fp16         | qzeros ng·N·b/8 (always) + g_idx K int32 |
-| awq          | N·K·b/8              | ng·N fp16         | qzeros ng·N·b/8 (always)                 |
-| mlx          | N·K·b/8              | ng·N fp16         | biases ng·N fp16 (always)                |
-| ternary      | N·K·2/8              | ng·N fp16         | none (ArkInfer's own ternary layout)     |
-| ort          | N·K·b/8              | ng·N fp32         | N·ceil(ng·b/8) uint8 when asymmetric     |
-| onnx-qdq     | ceil(N·K·b/8)        | ng·N fp32         | ceil(ng·N·b/8) uint8 when asymmetric     |
-| gguf-q4_0    | N·K/32 blocks x 18 B (fp16 d + 32 nibbles)                                |
-| gguf-q4_1    | N·K/32 blocks x 20 B (fp16 d, fp16 m + 32 nibbles)                        |
-| gguf-q8_0    | N·K/32 blocks x 34 B (fp16 d + 32 int8)                                   |
-| gguf-tq1_0   | N·K/256 blocks x 54 B (base-3 packed trits + fp16 d)                      |
-| gguf-tq2_0   | N·K/256 blocks x 66 B (2-bit trits + fp16 d)                              |
-
-A layer the format cannot take (shape rules of its `Constraints`) stays in float, as
-`quant.export` writes it; `linear_storage` says which happened.
+Each registered format (`arkinfer.quant.formats`) owns its facts: `Format.nbytes` (packed size,
+scales and zero points included) and `Format.shape_refusal` (its shape rules, from constraint
+data alone). This module only decides float vs quantised per layer: a layer the recipe skips or
+the format refuses stays in float, as `quant.export` writes it. Byte layouts: docs/quant.md §6.
 """
 
 from __future__ import annotations
@@ -35,57 +18,22 @@ FLOAT_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "F64": 8, "F32": 4, "F16
 TORCH_DTYPE_NAMES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float": "f32",
                      "half": "f16"}
 
-# gguf block types: (weights per block, bytes per block)
-GGUF_BLOCKS = {"gguf-q4_0": (32, 18), "gguf-q4_1": (32, 20), "gguf-q8_0": (32, 34),
-               "gguf-tq1_0": (256, 54), "gguf-tq2_0": (256, 66)}
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 def format_bytes(fmt: str, out_features: int, in_features: int, *, bits: int, group_size: int,
                  sym: bool) -> int:
-    """Bytes of one `[out, in]` weight packed in `fmt` (see the module table)."""
-    n, k = out_features, in_features
-    ng = 1 if group_size == -1 else k // group_size
-    codes = n * k * bits // 8
-    if fmt in GGUF_BLOCKS:
-        per_block, block_bytes = GGUF_BLOCKS[fmt]
-        return n * (k // per_block) * block_bytes
-    if fmt in ("marlin", "ternary"):
-        return codes + 2 * ng * n
-    if fmt == "gptq":
-        return codes + ng * n * bits // 8 + 2 * ng * n + 4 * k
-    if fmt == "awq":
-        return codes + ng * n * bits // 8 + 2 * ng * n
-    if fmt == "mlx":
-        return codes + 2 * ng * n + 2 * ng * n
-    if fmt == "ort":
-        return codes + 4 * ng * n + (0 if sym else n * _ceil_div(ng * bits, 8))
-    if fmt == "onnx-qdq":
-        return _ceil_div(n * k * bits, 8) + 4 * ng * n + (0 if sym else _ceil_div(ng * n * bits, 8))
-    known = sorted([*GGUF_BLOCKS, "marlin", "ternary", "gptq", "awq", "mlx", "ort", "onnx-qdq"])
-    raise ConfigError(f"storage format {fmt!r} has no size formula in arkinfer.latency",
-                      hint=f"known: {', '.join(known)}; add its row to latency/storage.py")
+    """Bytes of one `[out, in]` weight packed in the registered format `fmt`."""
+    from arkinfer.quant.formats import get_format
+
+    return get_format(fmt).nbytes(out_features, in_features, bits=bits, group_size=group_size,
+                                  sym=sym)
 
 
 def refusal(recipe: Any, out_features: int, in_features: int) -> str | None:
-    """Why the recipe's format cannot store an `[out, in]` weight (None when it can).
-
-    Mirrors the shape rules of `Format.check` (constraint data only: values are not known here)."""
+    """Why the recipe's format cannot store an `[out, in]` weight (None when it can)."""
     from arkinfer.quant.formats import get_format
 
-    c = get_format(recipe.format).constraints
-    g = recipe.group_size
-    if g > 0 and in_features % g:
-        return f"group_size={g} does not divide in_features={in_features}"
-    step_in, step_out = c.in_step(recipe.bits, g), c.out_step(recipe.bits)
-    if in_features % step_in:
-        return f"in_features={in_features} is not a multiple of {step_in}"
-    if out_features % step_out:
-        return f"out_features={out_features} is not a multiple of {step_out}"
-    return None
+    return get_format(recipe.format).shape_refusal(out_features, in_features, bits=recipe.bits,
+                                                   group_size=recipe.group_size)
 
 
 @dataclass(frozen=True)

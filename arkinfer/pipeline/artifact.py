@@ -43,11 +43,7 @@ def load_runner(path: str | Path, *, check: bool = True, step=None, bench: bool 
         raise NotAvailableError(f"artifact {path.name} needs backend "
                                 f"{backend.name!r}, which is not installed",
                                 hint=backend.install_hint())
-    import inspect
-
-    if bench and "bench" in inspect.signature(backend.load).parameters:
-        return manifest, backend.load(path, manifest, bench=True)
-    return manifest, backend.load(path, manifest)
+    return manifest, backend.load(path, manifest, bench=bench)
 
 
 def verify_artifact(path: str | Path, *, overrides: dict[str, float] | None = None,

@@ -79,7 +79,7 @@ def run_bench(runner, manifest: dict[str, Any], spec: BenchSpec, *,
               predictor: Callable[[str, int, int, int, str], float | None] | None = None,
               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """One row per (attention, depth, test) with llama-bench's fields and ours."""
-    from arkinfer.machine import cpu_model
+    from arkinfer.targets.machine import cpu_model
 
     need = max(spec.depths) + max(spec.prompts + spec.gens) + 1
     tokens = bench_tokens(runner, need)
@@ -87,7 +87,7 @@ def run_bench(runner, manifest: dict[str, Any], spec: BenchSpec, *,
     common = _common_fields(manifest, cpu_model())
     for attention in spec.attention:
         if attention != "default":
-            if not hasattr(runner, "set_attention"):
+            if attention not in runner.attention_modes:
                 raise ArkError(f"--attention {attention}: backend {manifest['backend']['name']} "
                                "cannot switch attention", hint="use --attention default")
             runner.set_attention(attention)

@@ -5,9 +5,10 @@
 
 The artifact is assembled in a hidden sibling folder `.NAME.building-PID` and renamed to
 `plan.out` only after verification passed and the manifest (with the hash of every file) is
-written, so an interrupted or failed build leaves no artifact behind. Calibration work goes to
-`.NAME.work-PID` and is removed at the end. Leftovers of a killed build (whose PID is gone) are
-removed by the next build of the same name.
+written, so an interrupted or failed build leaves no artifact behind; an existing artifact is
+replaced atomically (`arkinfer.output_folder`). Calibration work goes to `.NAME.work-PID` and is
+removed at the end. Leftovers of a killed build (whose PID is gone) are removed by the next build
+of the same name.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import re
 import shutil
 import signal
 import sys
@@ -32,10 +31,11 @@ from arkinfer import __version__
 from arkinfer.backend import LowerRequest, get_backend
 from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import read_config
-from arkinfer.machine import machine_info
+from arkinfer.targets.machine import machine_info
+from arkinfer.output_folder import remove_leftovers, replace_folder, staging_path
 
 from . import manifest as mf
-from .plan import BuildPlan
+from .plan import BuildPlan, check_artifact_output
 from .verify import (
     VerifyError,
     judge,
@@ -83,36 +83,15 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
-def _remove_stale(out: Path) -> None:
-    """Remove `.NAME.building-PID` / `.NAME.work-PID` folders whose process is gone."""
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(building|work)-(\d+)$")
-    if not out.parent.is_dir():
-        return
-    for p in out.parent.iterdir():
-        m = pattern.match(p.name)
-        if m and not _alive(int(m.group(2))):
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def build(plan: BuildPlan, *, threshold_overrides: dict[str, float] | None = None,
           reporter: Reporter | None = None, force: bool = False,
           command: list[str] | None = None) -> BuildResult:
     rep = reporter or Reporter()
     out = plan.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(out)
-    staging = out.parent / f".{out.name}.building-{os.getpid()}"
-    work = out.parent / f".{out.name}.work-{os.getpid()}"
+    remove_leftovers(out)
+    staging = staging_path(out, "building")
+    work = staging_path(out, "work")
     for d in (staging, work):
         shutil.rmtree(d, ignore_errors=True)
     staging.mkdir()
@@ -132,12 +111,8 @@ def build(plan: BuildPlan, *, threshold_overrides: dict[str, float] | None = Non
                                   hint="loosen the gate explicitly with --threshold KEY=VALUE "
                                   "(and say so where the artifact is used), or pick a more "
                                   "precise --quant")
-            if out.exists():
-                if not force:
-                    raise ArkError(f"output {out} appeared during the build",
-                                   hint="pass --force to replace it, or -o another folder")
-                shutil.rmtree(out)
-            os.replace(staging, out)
+            check_artifact_output(out, plan.source, force=force)  # it may have changed since
+            replace_folder(staging, out)
             rep.stage_done("write", time.perf_counter() - t0, str(out))
             return BuildResult(out, data)
     finally:
@@ -173,11 +148,12 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
 
     from arkinfer import ir
 
-    # Traced once, fp32 types, no passes: what backends lower from (LowerRequest.program).
+    # Traced once, fp32 types, then the backend's own passes: exactly what it lowers from
+    # (LowerRequest.program) and what the manifest's `ir` records.
     program = ir.trace(str(plan.source), dtype=torch.float32, shape_only=True)
-    optimised = ir.run_passes(program.copy())
+    program = ir.run_passes(program, backend.ir_passes)
     op_counts: dict[str, int] = {}
-    for graph in optimised.entries.values():
+    for graph in program.entries.values():
         for node in graph.nodes:
             op_counts[str(node.op)] = op_counts.get(str(node.op), 0) + 1
     done("trace", f"{sum(op_counts.values())} nodes in {len(program.entries)} entry points")
@@ -211,7 +187,7 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
          "FAILED: " + "; ".join(verification["failures"]))
     weights = sum(p.stat().st_size for p in staging.rglob("*")
                   if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-    from arkinfer.summary import compressed_key_bytes, kv_bytes_per_token
+    from arkinfer.frontend.summary import compressed_key_bytes, kv_bytes_per_token
 
     cfg = ckpt.config
     sparse = plan.raw_config.get("sparse_config")
@@ -222,7 +198,7 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
         "tokenizer": _tokenizer_record(plan.source, cfg.vocab_size),
         "quant": quant_record,
         "ir": {"ops": dict(sorted(op_counts.items())), "entry_points": list(program.entries),
-               "passes": list(ir.DEFAULT_PIPELINE)},
+               "passes": list(backend.ir_passes)},
         "backend": {"name": plan.backend, "ops": lowered.ops, "toolchain": lowered.toolchain,
                     "notes": list(dict.fromkeys([*plan.notes, *lowered.notes])), "layers": lowered.layers},
         "target": {"id": plan.target.id, "name": plan.target.name,
@@ -239,7 +215,7 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
 def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
                   step: Callable[[str], None]) -> dict[str, Any]:
     """Parity of `runner` against the float reference of `source` (see pipeline/verify.py)."""
-    from arkinfer.backends.reference.runner import ReferenceRunner
+    from arkinfer.pipeline.reference_runner import ReferenceRunner
 
     step("load the float reference")
     reference = ReferenceRunner(source)
@@ -260,19 +236,17 @@ def backend_fidelity(backend, artifact: Path, runner, step) -> dict[str, Any] | 
     (the backend's `reference_weights(artifact)`: e.g. the Marlin checkpoint of a tensorrt
     artifact, or the GGUF file itself): isolates lowering/runtime error from quantisation error.
     Gate: top-1 agreement >= the backend's `fidelity_top1` (default 0.99). None when the backend
-    is the reference itself or has no reference weights."""
-    if backend.name == "reference" or not hasattr(backend, "reference_weights"):
-        return None
-    from arkinfer.backends.reference.runner import ReferenceRunner
-
+    has no reference weights (the reference backend: its runtime is the reference)."""
     weights = backend.reference_weights(artifact)
     if weights is None:
         return None
+    from arkinfer.pipeline.reference_runner import ReferenceRunner
+
     step(f"load the quantised reference ({Path(weights).name})")
     quantised = ReferenceRunner(weights)
     prompts = verification_prompts(quantised.tokenizer, read_config(quantised.ckpt.path))
     m = parity_metrics(quantised, runner, prompts, step)
-    need = float(getattr(backend, "fidelity_top1", 0.99))
+    need = float(backend.fidelity_top1)
     out = {"reference_weights": Path(weights).relative_to(artifact).as_posix()
            if Path(weights).is_relative_to(artifact) else str(weights),
            "top1_agreement": m["top1_agreement"], "mean_kl": m["mean_kl"],

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from arkinfer.backend import backend_names, get_backend
-from arkinfer.errors import ArkError, NotAvailableError, TargetError
+from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.frontend.checkpoint import read_config, resolve_model_path
-
-FLOAT_SCHEMES = ("f32", "f16", "bf16")
-
+from arkinfer.output_folder import check_output
+from arkinfer.resolve import resolve
 
 @dataclass(frozen=True)
 class CalibSettings:
@@ -38,9 +37,9 @@ class BuildPlan:
     source: Path
     model_name: str
     raw_config: dict[str, Any]
-    target: Any  # arkinfer.target_model.Target
+    target: Any  # arkinfer.targets.model.Target
     backend: str
-    quant: str  # the user's --quant: a preset name or a float dtype
+    quant: str  # the resolved --quant scheme: a preset name or a float dtype (aliases resolved)
     recipe: Any  # arkinfer.quant.QuantRecipe, None for float schemes
     dtype: str
     out: Path
@@ -72,73 +71,22 @@ class BuildPlan:
                 "options": self.options, "notes": self.notes}
 
 
-def quant_schemes() -> list[str]:
-    """Every value `--quant` accepts: the float dtypes, then the quantisation presets."""
-    from arkinfer.quant.recipe import PRESETS
+def is_valid_artifact(folder: Path) -> bool:
+    """True when `folder` holds an ArkInfer artifact with a readable, schema-valid manifest."""
+    from arkinfer.pipeline.manifest import read_manifest
 
-    return [*FLOAT_SCHEMES, *PRESETS]
-
-
-def recipe_for(quant: str):
-    """(recipe, dtype) for a --quant value; recipe None for float schemes."""
-    if quant in FLOAT_SCHEMES:
-        return None, quant
-    from arkinfer.quant.recipe import PRESETS, get_preset
-
-    if quant not in PRESETS:
-        raise ArkError(f"unknown --quant {quant!r}; known: {', '.join(quant_schemes())}",
-                       hint="pick one of them (`arkinfer targets TARGET` lists what a target runs)")
-    return get_preset(quant), "f32"
+    try:
+        read_manifest(folder)
+    except ArkError:
+        return False
+    return True
 
 
-# Storage formats to try, in order, when the preset's format cannot take the model's shapes
-# (GGUF TQ needs rows that are multiples of 256; ArkInfer's `ternary` takes any shape).
-FORMAT_FALLBACKS = {"gguf-tq2_0": ("gguf-tq1_0", "ternary"), "gguf-tq1_0": ("gguf-tq2_0", "ternary")}
-
-
-def linear_shapes(raw: dict[str, Any]) -> list[tuple[int, int]]:
-    """(out_features, in_features) of the decoder linears described by a config.json dict."""
-    hidden = int(raw["hidden_size"])
-    heads = int(raw["num_attention_heads"])
-    head_dim = int(raw.get("head_dim") or hidden // heads)
-    kv = int(raw.get("num_key_value_heads") or heads)
-    ffn = int(raw["intermediate_size"])
-    return [(heads * head_dim, hidden), (kv * head_dim, hidden), (hidden, heads * head_dim),
-            (ffn, hidden), (hidden, ffn)]
-
-
-def fits(fmt_name: str, recipe, raw: dict[str, Any]) -> bool:
-    from arkinfer.quant.formats import get_format
-
-    c = get_format(fmt_name).constraints
-    step_in, step_out = c.in_step(recipe.bits, recipe.group_size), c.out_step(recipe.bits)
-    return all(i % step_in == 0 and o % step_out == 0 for o, i in linear_shapes(raw))
-
-
-def fit_recipe(recipe, raw: dict[str, Any], target, backend: str) -> tuple[Any, list[str]]:
-    """The recipe, or one with a fallback format when the preset's cannot take the model."""
-    from dataclasses import replace
-
-    if recipe is None or fits(recipe.format, recipe, raw):
-        return recipe, []
-    shapes = sorted(set(linear_shapes(raw)))
-    if recipe.group_size > 0:  # e.g. 576-wide rows (SmolLM2) with the g128 presets
-        for group in (g for g in (64, 32) if g < recipe.group_size):
-            try:
-                smaller = replace(recipe, group_size=group)
-            except ArkError:
-                continue
-            if fits(recipe.format, smaller, raw):
-                return smaller, [(f"group size {recipe.group_size} does not divide this model's "
-                                 f"rows (linear shapes {shapes}); using group size {group}")]
-    allowed = target.backend(backend).quant_formats
-    for alt in FORMAT_FALLBACKS.get(recipe.format, ()):
-        if alt in allowed and fits(alt, recipe, raw):
-            return replace(recipe, format=alt), [
-                (f"{recipe.format} cannot store this model's linears (shapes "
-                f"{sorted(set(linear_shapes(raw)))}); using {alt} instead")]
-    return recipe, [(f"{recipe.format} cannot store some of this model's linears (shapes "
-                    f"{sorted(set(linear_shapes(raw)))}); they stay in float (see the manifest)")]
+def check_artifact_output(out: Path, source: Path, *, force: bool) -> None:
+    """Raise unless `build` may write `out`: --force replaces only an existing artifact (or an
+    empty folder), never the current folder, a parent of it or the source model."""
+    check_output(out, force=force, what="ArkInfer artifact (a folder with a valid arkinfer.json)",
+                 is_ours=is_valid_artifact, protected=[(source, "the source model")])
 
 
 def default_out(model_name: str, target_id: str, quant: str) -> Path:
@@ -176,28 +124,21 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
                  backend: str | None = None, out: Path | None = None,
                  calib: CalibSettings | None = None, options: dict[str, str] | None = None,
                  force: bool = False) -> BuildPlan:
-    """Check every option and return the plan; raises ArkError subclasses naming alternatives."""
+    """Check every option and return the plan; raises ArkError subclasses naming alternatives.
+
+    `--quant` is resolved by `arkinfer.resolve` (the same resolver `plan` and `quantize` use),
+    then the backend must be registered and installed and its preflight must pass."""
     from arkinfer.targets import load_target
 
     tgt = load_target(target)
-    name = choose_backend(tgt, backend)
-    recipe, dtype = recipe_for(quant)
-    try:
-        if recipe is not None:
-            tgt.check(name, quant_format=recipe.format)
-        else:
-            tgt.check(name, dtype=dtype)
-    except TargetError as exc:
-        raise TargetError(f"--quant {quant}: {exc.message}", hint=exc.hint) from None
     source = resolve_model_path(model)
     raw = read_config(source)
-    recipe, notes = fit_recipe(recipe, raw, tgt, name)
-    be = get_backend(name)
-    notes += list(be.preflight(raw, recipe, tgt)) if hasattr(be, "preflight") else []
+    r = resolve(quant, raw, tgt, backend)
+    name = choose_backend(tgt, r.backend)
+    notes = list(r.notes)
+    notes += list(get_backend(name).preflight(raw, r.recipe, tgt, r.dtype))  # raises if impossible
     model_name = model_name_of(model, source)
-    out = Path(out) if out is not None else default_out(model_name, tgt.id, quant)
-    if out.exists() and not force:
-        raise ArkError(f"output {out} already exists",
-                       hint="pass --force to replace it, or -o another folder")
-    return BuildPlan(model, source, model_name, raw, tgt, name, quant, recipe, dtype, out,
+    out = Path(out) if out is not None else default_out(model_name, tgt.id, r.scheme)
+    check_artifact_output(out, source, force=force)
+    return BuildPlan(model, source, model_name, raw, tgt, name, r.scheme, r.recipe, r.dtype, out,
                      calib or CalibSettings(), dict(options or {}), notes)

@@ -11,6 +11,11 @@ Metrics (all prompts together, every position scored):
   `ppl_delta` = ppl_artifact / ppl_reference - 1 (0.05 = 5 % worse);
 - `max_abs_logit_diff`: the largest logit difference anywhere (reported, not gated).
 
+Thresholds come from the scheme class (`THRESHOLDS`) or the command line (`--threshold`), never
+from the artifact under test; `recorded_mismatches` lists where the metrics a manifest records
+differ from the re-measured ones. Non-finite logits from either runner are an error
+(`arkinfer.generate.NonFiniteError`), never a metric.
+
 Both runners get the same token ids (the reference tokenizer's); whether the artifact's own
 tokenizer agrees is a separate metric, `tokenizer_agreement` (fraction of prompts with identical
 ids). The prompts are paragraphs of arkinfer/data/corpus_eval.txt (held out from calibration),
@@ -28,6 +33,7 @@ from typing import Any
 import torch
 
 from arkinfer.errors import ArkError
+from arkinfer.generate import exp_nll, require_finite
 
 EVAL_TEXT = Path(__file__).resolve().parents[1] / "data" / "corpus_eval.txt"
 N_PROMPTS = 6
@@ -67,6 +73,11 @@ THRESHOLDS: dict[str, Thresholds] = {
 }
 
 
+# What a threshold may be: (lowest, highest) allowed, both inclusive; every value must be finite.
+THRESHOLD_RANGES: dict[str, tuple[float, float]] = {
+    "top1": (0.0, 1.0), "kl": (0.0, math.inf), "ppl_delta": (0.0, math.inf)}
+
+
 def scheme_class(recipe, dtype: str) -> str:
     if recipe is None:
         return dtype
@@ -75,13 +86,31 @@ def scheme_class(recipe, dtype: str) -> str:
     return "8bit" if recipe.bits >= 8 else "4bit"
 
 
+def check_threshold(key: str, value: float) -> float:
+    """`value` as a float if `key` is a known threshold and the value is finite and in range."""
+    if key not in THRESHOLD_RANGES:
+        raise ArkError(f"unknown threshold {key!r}; known: {', '.join(THRESHOLD_RANGES)}",
+                       hint="write --threshold top1=0.8, kl=0.5 or ppl_delta=0.5")
+    low, high = THRESHOLD_RANGES[key]
+    value = float(value)
+    if not (math.isfinite(value) and low <= value <= high):
+        allowed = f"in [{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+        raise ArkError(f"threshold {key}={value} is not allowed: {key} must be a finite number "
+                       f"{allowed}", hint=f"e.g. --threshold {key}="
+                       f"{THRESHOLDS['4bit'].as_dict()[key]}")
+    return value
+
+
 def thresholds_for(recipe, dtype: str, overrides: dict[str, float] | None = None) -> Thresholds:
-    base = THRESHOLDS[scheme_class(recipe, dtype)].as_dict()
+    """The scheme class's thresholds with `overrides` (checked by `check_threshold`) applied."""
+    kind = scheme_class(recipe, dtype)
+    if kind not in THRESHOLDS:
+        raise VerifyError(f"no parity thresholds for the scheme class {kind!r}; known: "
+                          f"{', '.join(THRESHOLDS)}",
+                          hint="the artifact's manifest names an unknown dtype; rebuild it")
+    base = THRESHOLDS[kind].as_dict()
     for key, value in (overrides or {}).items():
-        if key not in base:
-            raise ArkError(f"unknown threshold {key!r}; known: {', '.join(base)}",
-                           hint="write --threshold top1=0.8, kl=0.5 or ppl_delta=0.5")
-        base[key] = float(value)
+        base[key] = check_threshold(key, value)
     return Thresholds(**base)
 
 
@@ -93,10 +122,11 @@ def parse_threshold_overrides(items: list[str] | None) -> dict[str, float]:
         try:
             if not sep:
                 raise ValueError
-            out[key.strip()] = float(value)
+            number = float(value)
         except ValueError:
             raise ArkError(f"--threshold {item!r} is not KEY=NUMBER",
                            hint="e.g. --threshold ppl_delta=2.0 --threshold top1=0.3") from None
+        out[key.strip()] = check_threshold(key.strip(), number)
     return out
 
 
@@ -134,7 +164,9 @@ def parity_metrics(reference, artifact, prompts: list[list[int]], progress=None)
         if progress is not None:
             progress(f"prompt {i + 1}/{len(prompts)} ({len(ids)} tokens)")
         ref = reference.window_logits(ids).double()
+        require_finite(ref, f"the float reference model (prompt {i + 1})")
         art = artifact.window_logits(ids).double()
+        require_finite(art, f"the artifact's runner (prompt {i + 1} of {len(prompts)})")
         if ref.shape != art.shape:
             raise VerifyError(f"the artifact returned logits of shape {tuple(art.shape)} for "
                               f"{len(ids)} tokens; the reference {tuple(ref.shape)}",
@@ -148,7 +180,7 @@ def parity_metrics(reference, artifact, prompts: list[list[int]], progress=None)
         nll_art -= float(lp_art[:-1].gather(1, target).sum())
         max_diff = max(max_diff, float((ref - art).abs().max()))
     scored = sum(len(p) - 1 for p in prompts)
-    ppl_ref, ppl_art = math.exp(nll_ref / scored), math.exp(nll_art / scored)
+    ppl_ref, ppl_art = exp_nll(nll_ref / scored), exp_nll(nll_art / scored)
     return {"prompts": len(prompts), "positions": positions,
             "top1_agreement": agree / positions, "mean_kl": kl_sum / positions,
             "ppl_reference": ppl_ref, "ppl_artifact": ppl_art, "ppl_delta": ppl_art / ppl_ref - 1,
@@ -176,3 +208,25 @@ def judge(metrics: dict[str, Any], thresholds: Thresholds) -> list[str]:
                      f"{thresholds.ppl_delta:+.2%} (perplexity {metrics['ppl_artifact']:.3f} vs "
                      f"reference {metrics['ppl_reference']:.3f})")
     return fails
+
+
+# Recorded vs re-measured metrics agree within this: llama.cpp or onnxruntime on another machine
+# sum in another order (a top-1 flip or two, KL within a few %); an edited manifest is far off.
+RECORDED_METRICS = ("top1_agreement", "mean_kl", "ppl_delta", "ppl_reference", "ppl_artifact",
+                    "tokenizer_agreement")
+
+
+def recorded_mismatches(recorded: Any, measured: dict[str, Any]) -> list[dict[str, Any]]:
+    """[{"metric", "recorded", "measured"}] for every metric the manifest records that differs
+    from the re-measured value (beyond 5 % relative / 0.005 absolute) or is not a number."""
+    if not isinstance(recorded, dict):
+        return [{"metric": "(all)", "recorded": recorded, "measured": "a table of metrics"}]
+    out = []
+    for name in RECORDED_METRICS:
+        if name not in recorded or name not in measured:
+            continue
+        rec, meas = recorded[name], measured[name]
+        number = isinstance(rec, int | float) and not isinstance(rec, bool)
+        if not number or not math.isclose(rec, meas, rel_tol=0.05, abs_tol=0.005):
+            out.append({"metric": name, "recorded": rec, "measured": meas})
+    return out

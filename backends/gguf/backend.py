@@ -14,13 +14,14 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, LowerRequest, LowerResult
+from arkinfer.errors import TargetError
 
 FORMATS = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-tq1_0", "gguf-tq2_0")
 DEFAULT_N_CTX = 2048
 
 
-class GGUFBackend:
+class GGUFBackend(BackendBase):
     """llama.cpp: GGUF files; host runner through llama-cpp-python (`runner.LlamaCppRunner`)."""
 
     name = "gguf"
@@ -35,19 +36,23 @@ class GGUFBackend:
     def install_hint(self) -> str:
         return "pip install 'arkinfer[gguf]'  (compiles llama.cpp, ~5 min on 2 cores)"
 
-    def preflight(self, raw_config: dict, recipe: Any, target: Any) -> list[str]:
-        """Problems that make a build impossible, found before any weight is read."""
+    def preflight(self, raw_config: dict, recipe: Any, target: Any,
+                  dtype: str = "f32") -> list[str]:
+        """Raise TargetError when llama.cpp cannot run this model or store the recipe's format
+        (found before any weight is read); no notes otherwise."""
         from .lower import ARCH_OF
 
-        problems = []
         model_type = raw_config.get("model_type")
         if model_type not in ARCH_OF:
-            problems.append(f"model_type {model_type!r} has no llama.cpp architecture here "
-                            f"(supported: {', '.join(ARCH_OF)})")
+            raise TargetError(f"model_type {model_type!r} has no llama.cpp architecture here "
+                              f"(supported: {', '.join(ARCH_OF)})",
+                              hint="pick another backend with --backend (`arkinfer targets show "
+                              "TARGET` lists them)")
         if recipe is not None and recipe.format not in FORMATS:
-            problems.append(f"quant format {recipe.format!r} cannot be stored in GGUF; use one of "
-                            f"{', '.join(FORMATS)}")
-        return problems
+            raise TargetError(f"quant format {recipe.format!r} cannot be stored in GGUF; use one "
+                              f"of {', '.join(FORMATS)}",
+                              hint="pick a --quant preset of those formats, e.g. q4_0")
+        return []
 
     def lower(self, request: LowerRequest) -> LowerResult:
         from .lower import lower

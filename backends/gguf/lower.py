@@ -35,7 +35,7 @@ FILE_TYPES = {GGMLType.F32: "ALL_F32", GGMLType.F16: "MOSTLY_F16", GGMLType.BF16
               GGMLType.TQ2_0: "MOSTLY_TQ2_0"}
 
 
-def arch_spec(model_type: str) -> ArchSpec:
+def spec_for_model_type(model_type: str) -> ArchSpec:
     """The llama.cpp architecture of a Hugging Face `model_type` (ArkError when none)."""
     if model_type not in ARCH_OF:
         raise ArkError(f"model_type {model_type!r} has no llama.cpp architecture in the GGUF "
@@ -69,7 +69,7 @@ def lower(request: LowerRequest) -> LowerResult:
 
     ckpt = open_checkpoint(request.model_dir, with_tokenizer=False)
     config = ckpt.config
-    spec = arch_spec(config.model_type)
+    spec = spec_for_model_type(config.model_type)
     source = None
     if Path(request.source_dir).resolve() != Path(request.model_dir).resolve():
         source = open_checkpoint(request.source_dir, with_tokenizer=False)

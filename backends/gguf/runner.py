@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from arkinfer.backend import RunnerBase
 from arkinfer.errors import ArkError, NotAvailableError
 
 KV_TYPES = {"f32": 0, "f16": 1}  # ggml type ids
@@ -34,7 +35,7 @@ def _llama_cpp():
     return llama_cpp
 
 
-class LlamaCppRunner:
+class LlamaCppRunner(RunnerBase):
     """One GGUF file loaded in llama.cpp with a context of `n_ctx` tokens (CPU)."""
 
     def __init__(self, gguf_path: str | Path, n_ctx: int = 512, n_threads: int | None = None,

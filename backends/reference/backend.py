@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from arkinfer.backend import LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, LowerRequest, LowerResult
 from arkinfer.frontend.checkpoint import read_config
 
 MODEL_DIR = "model"
 
 
-class ReferenceBackend:
+class ReferenceBackend(BackendBase):
     name = "reference"
 
     def available(self) -> bool:
@@ -28,10 +28,6 @@ class ReferenceBackend:
 
     def install_hint(self) -> str:
         return "always available (part of the core install)"
-
-    def preflight(self, raw_config: dict, recipe, target) -> list[str]:
-        """Nothing to refuse: the reference model unpacks every registered format."""
-        return []
 
     def lower(self, request: LowerRequest) -> LowerResult:
         dest = request.out_dir / MODEL_DIR
@@ -56,14 +52,14 @@ class ReferenceBackend:
                                              "rope": "arkinfer::rope (torch)"},
                            toolchain={"torch": torch.__version__}, notes=notes)
 
-    def load(self, artifact_dir: str | Path, manifest: dict | None = None):
-        from .runner import ReferenceRunner
+    def load(self, artifact_dir: str | Path, manifest: dict | None = None, *,
+             bench: bool = False):
+        from arkinfer.pipeline.reference_runner import ReferenceRunner
 
         return ReferenceRunner(Path(artifact_dir) / MODEL_DIR)
 
-    def reference_weights(self, artifact_dir: str | Path) -> Path:
-        """The folder the reference model loads to reproduce this artifact's weights."""
-        return Path(artifact_dir) / MODEL_DIR
+    # reference_weights: None (the default): this runtime *is* the reference model, so there is
+    # no separate runtime-fidelity check to make.
 
 
 BACKEND = ReferenceBackend()

@@ -12,10 +12,10 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, LowerRequest, LowerResult
 
 
-class TensorRTBackend:
+class TensorRTBackend(BackendBase):
     name = "tensorrt"
 
     def available(self) -> bool:
@@ -25,7 +25,7 @@ class TensorRTBackend:
         return "pip install 'arkinfer[onnx]'  (onnx + onnxruntime; TensorRT itself runs on the device)"
 
     def preflight(self, raw_config: dict, recipe: Any, target: Any,
-                  dtype: str | None = None) -> list[str]:
+                  dtype: str = "f32") -> list[str]:
         """Raise arkinfer.errors.TargetError when this build cannot work (Marlin shape rules
         naming the layer, sm_87 gates); otherwise the notes to report. Reads config.json only."""
         from .preflight import preflight
@@ -38,7 +38,7 @@ class TensorRTBackend:
         return lower(request)
 
     def load(self, artifact_dir: str | Path, manifest: dict | None = None, *,
-             ops: str | None = None, threads: int | None = None):
+             bench: bool = False, ops: str | None = None, threads: int | None = None):
         """OnnxRunner over artifact/model.onnx; ops "contrib" (MatMulNBits, default) or
         "function" (every arkinfer node through its ONNX body); manifest `runner.ops` overrides
         the default."""

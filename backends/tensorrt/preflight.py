@@ -5,9 +5,9 @@
 - CUDA capability from the profile's `codegen.cuda_arch` (sm_87 on Jetson Orin): Marlin / GPTQ /
   AWQ kernels need sm_80+; FP8 needs sm_89+, so Orin takes no FP8 dtype; kernels must be built for
   the exact arch or shipped as PTX (noted with the profile's nvcc gencode list).
-- Marlin's shape rules for every linear the recipe quantises: in_features % 128 == 0 and
-  out_features % 64 == 0 (vLLM's marlin.py: min_k_threads / min_n_threads), and group_size
-  dividing in_features; GPTQ / AWQ: 4 bits (arkinfer.Int4Linear) and group_size dividing in_features.
+- The format's shape rules (`Format.shape_refusal`, e.g. Marlin's in_features multiple of 128 and
+  out_features multiple of 64, vLLM's min_k_threads / min_n_threads) for every linear the recipe
+  quantises; GPTQ / AWQ: 4 bits (arkinfer.Int4Linear).
 
 Errors are `TargetError`s naming the first layer that fails and every layer name pattern affected.
 """
@@ -22,7 +22,6 @@ import torch
 from arkinfer import models
 from arkinfer.errors import TargetError
 
-MARLIN_IN, MARLIN_OUT = 128, 64
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
 
 
@@ -42,32 +41,23 @@ def linear_shapes(raw_config: dict) -> dict[str, tuple[int, int]]:
             if isinstance(m, torch.nn.Linear)}
 
 
-def _layer_rules(fmt: str, group: int) -> list[tuple[str, Any]]:
-    rules: list[tuple[str, Any]] = []
-    if fmt == "marlin":
-        rules += [(f"in_features % {MARLIN_IN} == 0", lambda o, i: i % MARLIN_IN == 0),
-                  (f"out_features % {MARLIN_OUT} == 0", lambda o, i: o % MARLIN_OUT == 0)]
-    if group > 0:
-        rules.append((f"in_features % group_size({group}) == 0", lambda o, i: i % group == 0))
-    return rules
-
-
 def check_shapes(raw_config: dict, recipe: Any) -> None:
-    """Raise TargetError naming the layers a recipe's format cannot take."""
-    fmt, group = recipe.format, int(recipe.group_size)
-    bad: dict[str, list[str]] = {}
+    """Raise TargetError naming the layers a recipe's format cannot take (the format's own
+    `shape_refusal`: for Marlin in_features % 128, out_features % 64, group size)."""
+    from arkinfer.quant.formats import get_format
+
+    fmt = get_format(recipe.format)
+    bad: list[tuple[str, str]] = []
     for name, (out, inp) in linear_shapes(raw_config).items():
         if recipe.skips(name):
             continue
-        for rule, ok in _layer_rules(fmt, group):
-            if not ok(out, inp):
-                bad.setdefault(rule, []).append(f"{name} [{out}x{inp}]")
+        why = fmt.shape_refusal(out, inp, bits=recipe.bits, group_size=int(recipe.group_size))
+        if why is not None:
+            bad.append((f"{name} [{out}x{inp}]", why))
     if bad:
-        rule, layers = next(iter(bad.items()))
-        pattern = sorted({re.sub(r"\.\d+\.", ".*.", n.split(" ")[0]) for v in bad.values()
-                          for n in v})
-        raise TargetError(f"{fmt} cannot take layer '{layers[0]}': needs {rule} "
-                          f"({sum(map(len, bad.values()))} layers fail: {', '.join(pattern)})",
+        pattern = sorted({re.sub(r"\.\d+\.", ".*.", layer.split(" ")[0]) for layer, _ in bad})
+        raise TargetError(f"{fmt.name} cannot take layer '{bad[0][0]}': {bad[0][1]} "
+                          f"({len(bad)} layers fail: {', '.join(pattern)})",
                           hint="pick --quant gptq or awq with a group size dividing the rows "
                           "(e.g. 64 or 32), or skip those layers in the recipe")
 

@@ -20,6 +20,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from arkinfer.backend import RunnerBase
 from arkinfer.errors import NotAvailableError
 from arkinfer.frontend.tokenizer import load_tokenizer
 
@@ -29,7 +30,7 @@ ONNX_FILE = "model.onnx"
 Ops = Literal["contrib", "function"]
 
 
-class OnnxRunner:
+class OnnxRunner(RunnerBase):
     def __init__(self, artifact_dir: str | Path, ops: Ops = "contrib",
                  threads: int | None = None) -> None:
         self.dir = Path(artifact_dir)

@@ -48,6 +48,12 @@ class AWQFormat(Format):
         notes="AutoAWQ GEMM; zero points stored as-is (a symmetric weight stores 8)",
     )
 
+    def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
+               sym: bool) -> int:
+        """codes N·K·b/8 + qzeros ng·N·b/8 (written even when symmetric) + fp16 scales ng·N."""
+        n, k, ng = out_features, in_features, n_groups(in_features, group_size)
+        return n * k * bits // 8 + ng * n * bits // 8 + 2 * ng * n
+
     def pack(self, qw: QuantizedWeight) -> dict[str, np.ndarray]:
         self.check(qw)
         a = qw.numpy()

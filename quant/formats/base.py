@@ -101,13 +101,9 @@ class Format:
         if qw.act_order and not c.act_order:
             raise refuse("act-order (a non-static g_idx) is not supported",
                          "quantise with desc_act=False or use the gptq format")
-        step_in, step_out = c.in_step(qw.bits, qw.group_size), c.out_step(qw.bits)
-        if inp % step_in:
-            raise refuse(f"in_features={inp} is not a multiple of {step_in}",
-                         "skip this layer or choose another format")
-        if out % step_out:
-            raise refuse(f"out_features={out} is not a multiple of {step_out}",
-                         "skip this layer or choose another format")
+        why = self.shape_refusal(out, inp, bits=qw.bits, group_size=qw.group_size)
+        if why is not None:
+            raise refuse(why, "skip this layer or choose another format")
         scales = qw.scales.numpy()
         if c.scale_dtype == "float16":
             back = scales.astype(np.float16).astype(np.float32)
@@ -126,6 +122,29 @@ class Format:
                 raise refuse(f"scales differ inside a {block}-column block (group_size="
                              f"{qw.group_size})", "ternarise with group_size='row' or 'tensor'")
         self._check_extra(qw, refuse)
+
+    # ------------------------------------------------------------ facts without any values
+    def shape_refusal(self, out_features: int, in_features: int, *, bits: int,
+                      group_size: int) -> str | None:
+        """Why an `[out_features, in_features]` weight with these bits / group size cannot be
+        stored (None when its shape can): the shape rules of `constraints`, answerable from
+        config.json alone (plan, build's preflight) before any weight is read."""
+        c = self.constraints
+        if group_size > 0 and in_features % group_size:
+            return f"group_size={group_size} does not divide in_features={in_features}"
+        step_in, step_out = c.in_step(bits, group_size), c.out_step(bits)
+        if in_features % step_in:
+            return f"in_features={in_features} is not a multiple of {step_in}"
+        if out_features % step_out:
+            return f"out_features={out_features} is not a multiple of {step_out}"
+        return None
+
+    def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
+               sym: bool) -> int:
+        """Bytes one `[out_features, in_features]` weight occupies packed in this format, scales
+        and zero points included (what `pack` writes; tests/test_latency_storage.py checks it
+        against real packs of every registered format)."""
+        raise NotImplementedError(f"format {self.name!r} does not state its packed size")
 
     def _check_extra(self, qw: QuantizedWeight, refuse) -> None:
         """Format-specific rules beyond the constraint data."""

@@ -55,6 +55,13 @@ class GGUFBlockFormat(Format):
     def block(self) -> tuple[int, int]:
         return BLOCK[self.ggml_type]
 
+    def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
+               sym: bool) -> int:
+        """Whole ggml blocks: N·K/weights_per_block blocks of the type's byte size (Q4_0 32 / 18,
+        Q4_1 32 / 20, Q8_0 32 / 34, TQ1_0 256 / 54, TQ2_0 256 / 66)."""
+        per_block, block_bytes = self.block
+        return out_features * (in_features // per_block) * block_bytes
+
     def _rows(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         size, nbytes = self.block
         raw = require(tensors, "weight", self.name)

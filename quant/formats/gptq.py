@@ -32,6 +32,13 @@ class GPTQFormat(Format):
         notes="v1 (zero - 1) storage; 3-bit packs 32 values into 3 int32 words",
     )
 
+    def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
+               sym: bool) -> int:
+        """codes N·K·b/8 + qzeros ng·N·b/8 (written even when symmetric) + fp16 scales ng·N +
+        int32 g_idx [K]."""
+        n, k, ng = out_features, in_features, n_groups(in_features, group_size)
+        return n * k * bits // 8 + ng * n * bits // 8 + 2 * ng * n + 4 * k
+
     def pack(self, qw: QuantizedWeight) -> dict[str, np.ndarray]:
         self.check(qw)
         a, mask = qw.numpy(), (1 << qw.bits) - 1

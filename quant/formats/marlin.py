@@ -74,6 +74,12 @@ class MarlinFormat(Format):
         notes="k % 128 == 0, n % 64 == 0 (vLLM); the original Marlin kernel needs n % 256 == 0",
     )
 
+    def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
+               sym: bool) -> int:
+        """codes N·K·b/8 + fp16 scales per group and column (symmetric: no zero points)."""
+        ng = n_groups(in_features, group_size)
+        return out_features * in_features * bits // 8 + 2 * ng * out_features
+
     def pack(self, qw: QuantizedWeight) -> dict[str, np.ndarray]:
         self.check(qw)
         a = qw.numpy()

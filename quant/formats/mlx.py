@@ -25,7 +25,7 @@ import numpy as np
 
 from ..weight import QuantizedWeight
 from . import register
-from .base import Constraints, Format, FormatError, expect_shape, require
+from .base import Constraints, Format, FormatError, expect_shape, n_groups, require
 from .bitpack import pack_bits, unpack_bits
 
 
@@ -55,6 +55,12 @@ class MLXFormat(Format):
         in_word_bits=32, scale_dtype="float16",
         notes="biases = fp16(-scale * zero); MLX 5/6-bit modes have no canonical counterpart",
     )
+
+    def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
+               sym: bool) -> int:
+        """uint32-packed codes N·K·b/8 + fp16 scales and fp16 biases, ng·N each."""
+        n, k, ng = out_features, in_features, n_groups(in_features, group_size)
+        return n * k * bits // 8 + 4 * ng * n
 
     def _check_extra(self, qw: QuantizedWeight, refuse) -> None:
         _check_bias_recovers_zero(qw, refuse)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..weight import QuantizedWeight
 from . import register
-from .base import Constraints, Format, FormatError, expect_shape, require
+from .base import Constraints, Format, FormatError, expect_shape, n_groups, require
 
 
 def pack_int4(values: np.ndarray) -> np.ndarray:
@@ -46,6 +46,13 @@ class OnnxQDQFormat(Format):
         bits=(4, 8), group_sizes=(16, 32, 64, 128, 256), sym=(True, False), act_order=False,
         scale_dtype="float32", notes="opset 21 blocked DequantizeLinear, axis 0 of W [K, N]",
     )
+
+    def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
+               sym: bool) -> int:
+        """codes ceil(N·K·b/8) + fp32 scales ng·N + zero points ceil(ng·N·b/8) when asymmetric."""
+        n, k, ng = out_features, in_features, n_groups(in_features, group_size)
+        zeros = 0 if sym else -(-ng * n * bits // 8)
+        return -(-n * k * bits // 8) + 4 * ng * n + zeros
 
     def pack(self, qw: QuantizedWeight) -> dict[str, np.ndarray]:
         self.check(qw)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..weight import QuantizedWeight
 from . import register
-from .base import Constraints, Format, FormatError, require
+from .base import Constraints, Format, FormatError, n_groups, require
 from .bitpack import pack_bits, unpack_bits
 
 
@@ -33,6 +33,14 @@ class OrtFormat(Format):
         bits=(2, 4, 8), group_sizes=(16, 32, 64, 128, 256), sym=(True, False), act_order=False,
         scale_dtype="float32", notes="block_size a power of two >= 16",
     )
+
+    def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
+               sym: bool) -> int:
+        """codes N·K·b/8 + fp32 scales ng·N + packed uint8 zero points N·ceil(ng·b/8) when
+        asymmetric."""
+        n, k, ng = out_features, in_features, n_groups(in_features, group_size)
+        zeros = 0 if sym else n * -(-ng * bits // 8)
+        return n * k * bits // 8 + 4 * ng * n + zeros
 
     def pack(self, qw: QuantizedWeight) -> dict[str, np.ndarray]:
         self.check(qw)

@@ -28,6 +28,12 @@ class TernaryFormat(Format):
         notes="ArkInfer-only layout: 2-bit packed trits + fp16 scale per group",
     )
 
+    def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
+               sym: bool) -> int:
+        """2-bit codes N·K/4 + fp16 scales per group and row (no zero points)."""
+        ng = n_groups(in_features, group_size)
+        return out_features * in_features * 2 // 8 + 2 * ng * out_features
+
     def pack(self, qw: QuantizedWeight) -> dict[str, np.ndarray]:
         self.check(qw)
         a = qw.numpy()

@@ -15,7 +15,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python (the [gguf] extra) is 
 
 from arkinfer.backends.gguf.backend import BACKEND
 from arkinfer.backends.gguf.runner import LlamaCppRunner
-from arkinfer.backends.reference.runner import ReferenceRunner
+from arkinfer.pipeline.reference_runner import ReferenceRunner
 from arkinfer.quant import QuantRecipe, get_preset
 from arkinfer.quant.calib.stream import calibrate
 from arkinfer.quant.calib_data import calibration_from_ids
@@ -279,9 +279,10 @@ def test_refusals_name_the_problem(checkpoint, tmp_path):
     with pytest.raises(ArkError, match="embeddings=q2_k"):
         lower(folder, tmp_path / "b", embeddings="q2_k")
     gptq = QuantRecipe("gptq", "gptq", 4, 128)
-    problems = BACKEND.preflight({"model_type": "llama"}, gptq, None)
-    assert len(problems) == 1 and "gguf-q4_0" in problems[0]
-    assert BACKEND.preflight({"model_type": "gpt2"}, None, None)[0].startswith("model_type 'gpt2'")
+    with pytest.raises(ArkError, match="'gptq' cannot be stored in GGUF.*gguf-q4_0"):
+        BACKEND.preflight({"model_type": "llama"}, gptq, None)  # raises: impossible, not a note
+    with pytest.raises(ArkError, match="^model_type 'gpt2'"):
+        BACKEND.preflight({"model_type": "gpt2"}, None, None)
     qdir = quantise(folder, QuantRecipe("rtn", "gptq", 4, 128), tmp_path / "gptq")
     with pytest.raises(ArkError, match="'gptq' format, which GGUF cannot hold"):
         lower(qdir, tmp_path / "c", gptq, source=folder)

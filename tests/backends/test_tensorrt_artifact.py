@@ -196,7 +196,7 @@ def test_preflight_gates():
     smol = dict(demo, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
                 num_key_value_heads=3, head_dim=64)
     smol.pop("rope_scaling", None)
-    with pytest.raises(TargetError, match=r"model\.layers\.0\.self_attn\.q_proj.*in_features % 128"):
+    with pytest.raises(TargetError, match=r"model\.layers\.0\.self_attn\.q_proj.*in_features=576"):
         BACKEND.preflight(smol, RECIPES["marlin"], orin)
     with pytest.raises(TargetError, match="f8_e4m3.*sm_89"):
         BACKEND.preflight(demo, RECIPES["marlin"], orin, dtype="f8_e4m3")

@@ -267,18 +267,28 @@ def test_nonempty_out_dir_refused_then_forced(tmp_path):
     src = tmp_path / "tiny.gguf"
     write_tiny_gguf(src, "llama")
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
-    with pytest.raises(GGUFError, match="not empty") as info:
+    import_gguf(src, out)
+    with pytest.raises(GGUFError, match="already exists") as info:
         import_gguf(src, out)
-    assert "--force" in info.value.hint and (out / "keep.txt").exists()
+    assert "--force" in info.value.hint
     result = CliRunner().invoke(_cli(), ["import", str(src), str(out)])
-    assert result.exit_code == 1 and "not empty" in result.output
-    import_gguf(src, out, force=True)
-    assert not (out / "keep.txt").exists() and (out / "config.json").exists()
+    assert result.exit_code == 1 and "already exists" in result.output
+    import_gguf(src, out, force=True)  # replaces its own earlier output
+    assert (out / "config.json").exists()
     assert _leftovers(tmp_path) == ["out", "tiny.gguf"]
     with pytest.raises(GGUFError, match="contains the GGUF file"):
         import_gguf(src, tmp_path, force=True)
+
+
+def test_force_never_replaces_a_folder_it_did_not_write(tmp_path):
+    src = tmp_path / "tiny.gguf"
+    write_tiny_gguf(src, "llama")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(GGUFError, match="not an ArkInfer import") as info:
+        import_gguf(src, out, force=True)
+    assert "even with --force" in info.value.message and (out / "keep.txt").read_text() == "mine"
 
 
 def test_failure_midway_leaves_nothing(tmp_path, monkeypatch):
@@ -297,12 +307,14 @@ def test_failure_midway_leaves_nothing(tmp_path, monkeypatch):
         import_gguf(src, tmp_path / "new" / "deeper" / "out")
     assert _leftovers(tmp_path) == ["tiny.gguf"]
     out = tmp_path / "existing"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
+    monkeypatch.setattr(gguf_model, "hf_tensor", real)
+    import_gguf(src, out)  # an earlier, complete import
+    before = sorted(p.name for p in out.iterdir())
+    monkeypatch.setattr(gguf_model, "hf_tensor", flaky)
     calls.clear()
     with pytest.raises(GGUFError, match="simulated"):
         import_gguf(src, out, force=True)
-    assert _leftovers(out) == ["old.txt"] and _leftovers(tmp_path) == ["existing", "tiny.gguf"]
+    assert _leftovers(out) == before and _leftovers(tmp_path) == ["existing", "tiny.gguf"]
 
 
 def test_reader_metadata(tmp_path):

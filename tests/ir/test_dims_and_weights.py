@@ -21,16 +21,16 @@ def test_dims_are_canonical_and_evaluate():
 
 @pytest.mark.parametrize("text", ["__import__('os').system('true')", "T**2", "T/2", "T.real", "[T]"])
 def test_dims_reject_anything_but_arithmetic(text):
-    with pytest.raises(ir.VerifyError):
+    with pytest.raises(ir.IRVerifyError):
         dims.parse(text)
 
 
 def test_quant_spec_validates():
     q = ir.QuantSpec(bits=4, group_size=128, format="marlin", sym=True)
     assert ir.QuantSpec.from_json(q.to_json()) == q
-    with pytest.raises(ir.VerifyError, match="bits=5"):
+    with pytest.raises(ir.IRVerifyError, match="bits=5"):
         ir.QuantSpec(bits=5, group_size=128, format="gptq", sym=True)
-    with pytest.raises(ir.VerifyError, match="group_size=0"):
+    with pytest.raises(ir.IRVerifyError, match="group_size=0"):
         ir.QuantSpec(bits=4, group_size=0, format="gptq", sym=True)
 
 

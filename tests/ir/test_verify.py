@@ -25,7 +25,7 @@ def small_program() -> ir.Program:
 def problems_of(edit) -> str:
     program = small_program()
     edit(program.entry("prefill"), program)
-    with pytest.raises(ir.VerifyError) as err:
+    with pytest.raises(ir.IRVerifyError) as err:
         ir.verify(program)
     return str(err.value)
 
@@ -71,7 +71,7 @@ def test_partial_longrope_attributes_are_rejected():
     pos = ir.Input("p", ir.TensorType(ir.DType.I64, (3,)))
     node = ir.Node("y", ir.Op.ROPE, ["x", "p"], {"inv_freq": "f", "scale": 1.0, "long_after": 4},
                    x.type)
-    with pytest.raises(ir.VerifyError, match="LongRoPE needs all of"):
+    with pytest.raises(ir.IRVerifyError, match="LongRoPE needs all of"):
         ir.verify(ir.Program({"prefill": ir.Graph("prefill", [x, pos], [node], {"y": "y"})}, store))
 
 
@@ -82,7 +82,7 @@ def test_a_broken_pass_is_named(monkeypatch):
         return out
 
     monkeypatch.setitem(passes.PASSES, "breaks", breaks)
-    with pytest.raises(ir.VerifyError) as err:
+    with pytest.raises(ir.IRVerifyError) as err:
         ir.run_passes(small_program(), ["dce", "breaks"])
     assert "after pass 'breaks'" in str(err.value) and "bug in 'breaks'" in str(err.value)
 

@@ -95,10 +95,10 @@ def test_killed_build_leaves_no_artifact(tmp_path, sig):
     if sig == signal.SIGTERM:  # handled: cleans up after itself
         assert list(out.parent.iterdir()) == []
     else:  # SIGKILL cannot be handled: the next build of the same name removes the leftovers
-        from arkinfer.pipeline.build import _remove_stale
+        from arkinfer.output_folder import remove_leftovers
 
         assert staging.exists()
-        _remove_stale(out)
+        remove_leftovers(out)
         assert list(out.parent.iterdir()) == []
 
 

@@ -12,12 +12,16 @@ from pathlib import Path
 
 import torch
 
+from arkinfer.backend import RunnerBase
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
 
 
-class ReferenceRunner:
+class ReferenceRunner(RunnerBase):
     """The reference model over `model_dir`; `dense=True` forces dense attention on sparse-config
-    (InfLLM v2) models, which otherwise run InfLLM v2 above `dense_len`."""
+    (InfLLM v2) models, which otherwise run InfLLM v2 above `dense_len`. It is the ground truth
+    verify compares every backend's runner with, and the `reference` backend's runner."""
+
+    attention_modes = ("dense", "sparse")
 
     def __init__(self, model_dir: str | Path, dense: bool = False) -> None:
         self.ckpt = open_checkpoint(model_dir)
@@ -26,11 +30,6 @@ class ReferenceRunner:
         self.vocab_size = int(self.ckpt.config.vocab_size)
         self.set_attention("dense" if dense else "sparse")
         self.reset()
-
-    @property
-    def sparse_capable(self) -> bool:
-        return hasattr(self.model, "set_dense") and getattr(self.ckpt.config, "sparse_config",
-                                                            None) is not None
 
     def set_attention(self, mode: str) -> None:
         """"dense" or "sparse" (InfLLM v2 above dense_len; a no-op on dense-only models)."""

@@ -15,25 +15,31 @@ from importlib import resources
 from pathlib import Path
 
 from arkinfer.errors import TargetError
-from arkinfer.target_model import (
+from arkinfer.targets.model import (
     COMPUTE_KEYS,
     KNOWN_BACKENDS,
-    KNOWN_QUANT_FORMATS,
     PROFILES_PACKAGE,
     SCHEMA_VERSION,
     BackendSupport,
     Codegen,
-    DType,
+    DeviceDType,
     Provenance,
     Quantity,
     Target,
 )
-from arkinfer.target_schema import parse_profile, evaluate_derivation
+from arkinfer.targets.schema import parse_profile, evaluate_derivation
 
-__all__ = ["COMPUTE_KEYS", "KNOWN_BACKENDS", "KNOWN_QUANT_FORMATS", "SCHEMA_VERSION",
-           "BackendSupport", "Codegen", "DType", "Provenance", "Quantity", "Target",
-           "evaluate_derivation", "index_targets", "list_targets", "load_target",
+__all__ = ["COMPUTE_KEYS", "KNOWN_BACKENDS", "SCHEMA_VERSION",
+           "BackendSupport", "Codegen", "DeviceDType", "Provenance", "Quantity", "Target",
+           "evaluate_derivation", "index_targets", "known_quant_formats", "list_targets", "load_target",
            "load_target_file", "resolve_id"]
+
+
+def known_quant_formats() -> tuple[str, ...]:
+    """Every quant format name a profile may list: the storage-format registry's names."""
+    from arkinfer.quant.formats import all_formats
+
+    return tuple(f.name for f in all_formats())
 
 
 def load_target_file(path: str | Path) -> Target:

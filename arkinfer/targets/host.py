@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arkinfer.machine import cpu_model
+from arkinfer.targets.machine import cpu_model
 
 CACHE_NAME = "host.json"
 COPY_BYTES = 256 * 2**20

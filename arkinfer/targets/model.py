@@ -27,7 +27,7 @@ class Provenance(StrEnum):
     ASSUMED = "assumed"  # an engineering default with no datum yet; `source` says why
 
 
-class DType(StrEnum):
+class DeviceDType(StrEnum):
     """Unquantised tensor dtypes a device computes in (safetensors names, lower case)."""
 
     F32 = "f32"
@@ -38,13 +38,10 @@ class DType(StrEnum):
     I8 = "i8"
 
 
-# The vocabulary the shipped profiles use; quant format names are those of the
-# `arkinfer.quant.formats` registry (tests keep both in step). User profiles may name other
-# backends or formats (third-party backends register through entry points), so the loader checks
-# only their spelling.
+# The backends the shipped profiles name (third-party backends register through entry points, so
+# the loader checks only the spelling of user profiles' names). Quant format names are not listed
+# here: they are the `arkinfer.quant.formats` registry's (`known_quant_formats()`).
 KNOWN_BACKENDS = ("tensorrt", "mlx", "tvm", "gguf", "coreml", "reference")
-KNOWN_QUANT_FORMATS = ("marlin", "gptq", "awq", "onnx-qdq", "ort", "mlx",
-                       "gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-tq1_0", "gguf-tq2_0", "ternary")
 COMPUTE_KEYS = {
     "fp32": "FP32 FLOP/s (CUDA cores / SIMD)",
     "fp16": "dense FP16 FLOP/s (tensor cores where present)",
@@ -88,7 +85,7 @@ class BackendSupport:
 
     name: str
     quant_formats: tuple[str, ...]
-    dtypes: tuple[DType, ...]
+    dtypes: tuple[DeviceDType, ...]
     note: str | None = None
 
 
@@ -138,7 +135,7 @@ class Target:
     aliases: tuple[str, ...]
     default_backend: str
     backends: Mapping[str, BackendSupport] = field(hash=False)
-    dtypes: tuple[DType, ...]
+    dtypes: tuple[DeviceDType, ...]
     memory: Quantity | None  # bytes
     memory_kind: str | None
     unified_memory: bool | None

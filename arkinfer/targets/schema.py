@@ -12,7 +12,7 @@ import tomllib
 from typing import Any
 
 from arkinfer.errors import TargetError
-from arkinfer.target_model import (
+from arkinfer.targets.model import (
     _CODEGEN_TYPES,
     _DERIVATION_RTOL,
     _IDENT,
@@ -23,7 +23,7 @@ from arkinfer.target_model import (
     SCHEMA_VERSION,
     BackendSupport,
     Codegen,
-    DType,
+    DeviceDType,
     Provenance,
     Quantity,
     Target,
@@ -107,13 +107,13 @@ class _File:
             raise self.fail(table, f"{key} = {list(values)} lists an entry twice")
         return values
 
-    def dtypes(self, table: str, data: dict, key: str) -> tuple[DType, ...]:
+    def dtypes(self, table: str, data: dict, key: str) -> tuple[DeviceDType, ...]:
         out = []
         for v in self.typed(table, data, key, list, ()):
-            if v not in DType._value2member_map_:
+            if v not in DeviceDType._value2member_map_:
                 raise self.fail(table, f"{key} entry {v!r} is not a dtype; allowed: "
-                                f"{', '.join(d.value for d in DType)}")
-            out.append(DType(v))
+                                f"{', '.join(d.value for d in DeviceDType)}")
+            out.append(DeviceDType(v))
         return tuple(out)
 
     def quantity(self, table: str, data: Any, ratio: bool = False) -> Quantity:
@@ -162,7 +162,7 @@ _QUANTITIES = (("memory", "total"), ("bandwidth", "peak"), ("efficiency", "bandw
                ("efficiency", "compute"), ("bandwidth", "sustained"))
 
 
-def _backends(f: _File, doc: dict, dtypes: tuple[DType, ...]) -> dict[str, BackendSupport]:
+def _backends(f: _File, doc: dict, dtypes: tuple[DeviceDType, ...]) -> dict[str, BackendSupport]:
     if not isinstance(doc["backends"], dict) or not doc["backends"]:
         raise f.fail("backends", f"must hold one table per backend, got {doc['backends']!r}",
                      hint="add a backends.<name> table with quant_formats = [...]")
