@@ -135,7 +135,7 @@ def flush_caches(enabled: bool) -> None:
 
 # -- measurements -------------------------------------------------------------------------------
 def kv_bytes(length: int, cfg: SparseConfig, elem: int) -> tuple[int, int]:
-    """KV bytes one decode step reads (specs/infllmv2.md §8): (dense, sparse), all KV heads. The
+    """KV bytes one decode step reads (docs/infllmv2.md §8): (dense, sparse), all KV heads. The
     sparse step reads the fine compressed keys (fp32) only: the coarse normaliser is derived from
     the fine logits (arkinfer/ops/infllmv2/decode.py), so the §8 n2 term is not read."""
     dense = HKV * 2 * length * D * elem

@@ -70,7 +70,7 @@ def _q4_0(src: Path, dst: Path) -> None:
 
 def run(threads: int, steps: int, reps: int, prompt_len: int) -> dict:
     from arkinfer.backends.gguf.runner import LlamaCppRunner
-    from arkinfer.backends.tensorrt.runner import OnnxRunner
+    from arkinfer.backends.onnx.runner import OnnxRunner
 
     from arkinfer.frontend.smollm2 import smollm2_gguf_path
 

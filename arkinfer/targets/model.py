@@ -41,7 +41,7 @@ class DeviceDType(StrEnum):
 # The backends the shipped profiles name (third-party backends register through entry points, so
 # the loader checks only the spelling of user profiles' names). Quant format names are not listed
 # here: they are the `arkinfer.quant.formats` registry's (`known_quant_formats()`).
-KNOWN_BACKENDS = ("tensorrt", "mlx", "tvm", "gguf", "coreml", "reference")
+KNOWN_BACKENDS = ("tensorrt", "onnx", "mlx", "tvm", "gguf", "coreml", "reference")
 COMPUTE_KEYS = {
     "fp32": "FP32 FLOP/s (CUDA cores / SIMD)",
     "fp16": "dense FP16 FLOP/s (tensor cores where present)",

@@ -1,4 +1,4 @@
-"""InfLLM v2 conformance checks (specs/infllmv2.md §6), as plain functions.
+"""InfLLM v2 conformance checks (docs/infllmv2.md §6), as plain functions.
 
 Each `check_*` takes an implementation (`Infllmv2Impl`) and raises AssertionError with a readable
 message when the implementation breaks an invariant; the pytest files only choose the cases.

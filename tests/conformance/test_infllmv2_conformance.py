@@ -1,4 +1,4 @@
-"""InfLLM v2 conformance (specs/infllmv2.md §6) for every implementation in impls/.
+"""InfLLM v2 conformance (docs/infllmv2.md §6) for every implementation in impls/.
 
 Small sparse configs (kernel 8/4, block 16, window 32, topk 4: budget 96 keys) exercise the
 semantics quickly; a few cases use MiniCPM4.1's real config at lengths just past 6144 / 8192.

@@ -144,9 +144,12 @@ def _folder(path: Path, text: str) -> Path:
     return path
 
 
+def _old_and_new(tmp_path: Path) -> tuple[Path, Path]:
+    return _folder(tmp_path / "out", "old"), _folder(tmp_path / ".out.building-1", "new")
+
+
 def test_replace_folder_swaps_complete_folders(tmp_path):
-    out = _folder(tmp_path / "out", "old")
-    new = _folder(tmp_path / ".out.building-1", "new")
+    out, new = _old_and_new(tmp_path)
     replace_folder(new, out)
     assert (out / "a.txt").read_text() == "new" and (out / "b.txt").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -154,8 +157,7 @@ def test_replace_folder_swaps_complete_folders(tmp_path):
 
 def test_replace_folder_without_an_atomic_exchange_sets_the_old_one_aside(tmp_path, monkeypatch):
     monkeypatch.setattr(output_folder, "_exchange", lambda a, b: False)
-    out = _folder(tmp_path / "out", "old")
-    new = _folder(tmp_path / ".out.building-1", "new")
+    out, new = _old_and_new(tmp_path)
     real_replace = os.replace
     seen: list[list[str]] = []
 
@@ -173,8 +175,7 @@ def test_replace_folder_without_an_atomic_exchange_sets_the_old_one_aside(tmp_pa
 
 def test_a_failed_second_rename_puts_the_old_folder_back(tmp_path, monkeypatch):
     monkeypatch.setattr(output_folder, "_exchange", lambda a, b: False)
-    out = _folder(tmp_path / "out", "old")
-    new = _folder(tmp_path / ".out.building-1", "new")
+    out, new = _old_and_new(tmp_path)
     real_replace = os.replace
     calls = []
 

@@ -30,7 +30,7 @@ int arkinfer_marlin_gemm(const half* x, const int* B, const half* s, half* y, in
 int arkinfer_marlin_dequant_host(const int* B, const uint16_t* s, float* w, int n, int k,
                                  int group_size);
 
-/* ---- InfLLM v2 decode (infllmv2.cu), specs/infllmv2.md ----------------------------------------
+/* ---- InfLLM v2 decode (infllmv2.cu), docs/infllmv2.md ----------------------------------------
  * One sequence, one new query token. dtype: 0 = fp16, 1 = bf16 (q, k, v, out).
  * q [hq, d]; k, v [hkv, cap, d] (head stride kv_head_stride elements, rows of d), the first
  * `length` rows valid (length includes the new token); hq % hkv == 0, hq / hkv <= 16,

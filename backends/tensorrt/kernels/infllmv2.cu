@@ -1,4 +1,4 @@
-// InfLLM v2 decode on CUDA (specs/infllmv2.md §2-§4): one sequence, one new query token, GQA.
+// InfLLM v2 decode on CUDA (docs/infllmv2.md §2-§4): one sequence, one new query token, GQA.
 // fp16/bf16 in, fp32 accumulation. The C ABI and layouts are in arkinfer_kernels.h.
 //
 // compress:  one warp per (KV head, new kernel): fp32 mean of `kernel` key rows.
@@ -174,7 +174,7 @@ __global__ void fine_score_kernel(const T* __restrict__ q, const float* __restri
   if (lane == 0) s[(long long)g * n1 + j] = total;
 }
 
-// grid (ceil(n_blocks / 256), hkv): ranked[g, blk] per specs §3 steps 4-5 (decode: qb = last block).
+// grid (ceil(n_blocks / 256), hkv): ranked[g, blk] per docs/infllmv2.md §3 steps 4-5 (decode: qb = last block).
 __global__ void pool_rank_kernel(const float* __restrict__ s, int n1, int n_blocks, int r,
                                  int init_blocks, int local_blocks, float* __restrict__ ranked) {
   const int blk = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;

@@ -9,7 +9,7 @@ from infllmv2_checks import Infllmv2Impl
 
 pytest.importorskip("onnxruntime", reason="pip install 'arkinfer[onnx]'")
 
-from arkinfer.backends.tensorrt.infllmv2_session import infllmv2_attention_ort
+from arkinfer.backends.onnx.infllmv2_session import infllmv2_attention_ort
 
 IMPL = Infllmv2Impl("onnx_function", infllmv2_attention_ort, tracks_memory=False,
                     sparse_is_fast=False, exact_dense=False)

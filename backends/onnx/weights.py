@@ -55,7 +55,7 @@ class FolderWeights:
         self.format, self.params = format_of(qcfg) if isinstance(qcfg, dict) else (None, {})
         if self.format is not None and self.format not in FUNCTION_FORMATS:
             raise NotAvailableError(
-                f"the tensorrt backend lowers marlin, gptq and awq checkpoints, not "
+                f"the onnx and tensorrt backends lower marlin, gptq and awq checkpoints, not "
                 f"{self.format!r} ({self.ckpt.path})",
                 hint="quantise with --quant marlin, gptq or awq (or build float with --quant f16)")
         self._owners = self._packed_owners()

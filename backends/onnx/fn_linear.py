@@ -78,7 +78,7 @@ def marlin_function() -> FunctionProto:
              attribute("group_size", "int", 128)]
     return helper.make_function(DOMAIN, MARLIN, ["x", "B", "s"], ["y"], b.nodes,
                                 [helper.make_opsetid("", OPSET)], attribute_protos=attrs,
-                                doc_string="Marlin 4-bit linear (see backends/tensorrt/fn_linear.py)")
+                                doc_string="Marlin 4-bit linear (see backends/onnx/fn_linear.py)")
 
 
 def _branch(name: str, b: NodeBuilder, codes: str, zeros: str) -> helper.GraphProto:
@@ -130,4 +130,4 @@ def int4_function() -> FunctionProto:
              attribute("out_features", "int", 0)]
     return helper.make_function(DOMAIN, INT4, ["x", "qweight", "qzeros", "scales", "g_idx"], ["y"],
                                 b.nodes, [helper.make_opsetid("", OPSET)], attribute_protos=attrs,
-                                doc_string="GPTQ / AWQ 4-bit linear (backends/tensorrt/fn_linear.py)")
+                                doc_string="GPTQ / AWQ 4-bit linear (backends/onnx/fn_linear.py)")

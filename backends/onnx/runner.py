@@ -1,5 +1,6 @@
-"""The tensorrt artifact on this machine: model.onnx run by onnxruntime (CPU), with the KV cache
-and the InfLLM v2 compressed-key caches carried between calls (`arkinfer.backend.Runner`).
+"""An ONNX artifact (onnx or tensorrt backend) on this machine: model.onnx run by onnxruntime
+(CPU), with the KV cache and the InfLLM v2 compressed-key caches carried between calls
+(`arkinfer.backend.Runner`).
 
     runner = OnnxRunner(artifact_dir)                  # ops="contrib": MatMulNBits fast path
     logits = runner.window_logits(ids)                 # [T, V] float32 from an empty cache
@@ -37,7 +38,7 @@ class OnnxRunner(RunnerBase):
         path = self.dir / ONNX_FILE
         if not path.is_file():
             raise NotAvailableError(f"{path} does not exist",
-                                    hint="build the artifact with arkinfer build --backend tensorrt")
+                                    hint="build the artifact with arkinfer build --backend onnx (or tensorrt)")
         if ops not in ("contrib", "function"):
             raise NotAvailableError(f"ops={ops!r} is not a runner mode",
                                     hint="use ops='contrib' or ops='function'")

@@ -1,4 +1,4 @@
-"""`arkinfer.InfLLMv2Attention`: InfLLM v2 (specs/infllmv2.md) as an ONNX local function whose
+"""`arkinfer.InfLLMv2Attention`: InfLLM v2 (docs/infllmv2.md) as an ONNX local function whose
 body uses standard ops only, so onnxruntime (or any ONNX runtime) executes it and TensorRT can
 swap in a plugin registered under the same name.
 

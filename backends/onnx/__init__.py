@@ -1,0 +1,1 @@
+"""ONNX backend: one ONNX graph lowered from the IR, arkinfer-domain functions, onnxruntime runner."""

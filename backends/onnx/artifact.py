@@ -1,0 +1,93 @@
+"""`lower`: write an ONNX artifact from the traced IR.
+
+    artifact/
+      model.onnx, model.onnx.data   the graph (opset 21 + arkinfer-domain functions), weights as
+                                    external data
+      tokenizer.json, tokenizer_config.json, ...   the runtime tokenizer
+      hf/                           the quantised Hugging Face folder the graph was lowered from
+                                    (marlin, gptq or awq): verify runs ArkInfer's reference model
+                                    on it to check onnxruntime's fidelity on the same weights
+      arkinfer.json                 the manifest (written by the pipeline)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+import onnx
+import torch
+
+from arkinfer import __version__, ir
+from arkinfer.backend import LowerRequest, LowerResult
+
+from .lower_onnx import lower_to_onnx
+from .runner import ONNX_FILE
+from .weights import FolderWeights
+
+DATA_FILE = "model.onnx.data"
+HF_DIR = "hf"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                   "special_tokens_map.json", "chat_template.jinja")
+
+
+def version(pkg: str) -> str:
+    """The installed version of `pkg`, or "unknown"."""
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def lower(request: LowerRequest, backend: str = "onnx") -> LowerResult:
+    """model.onnx (+ data), the tokenizer and `hf/` into `request.out_dir`; `backend` names the
+    backend in the graph's metadata and the notes (tensorrt builds on this)."""
+    src = FolderWeights(request.model_dir)
+    out = Path(request.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    program = request.program
+    if program is None:
+        request.progress("tracing the IR (prefill, symbolic T and P)")
+        program = ir.trace(src.raw, dtype=torch.float32, shape_only=True, entries=("prefill",))
+    recipe = request.recipe.describe() if request.recipe is not None else f"float {request.dtype}"
+    target = getattr(request.target, "id", None) or "unknown"
+    sparse = program.meta.get("sparse_config")
+    meta = {"arkinfer.version": __version__, "arkinfer.model": Path(request.source_dir).name,
+            "arkinfer.model_type": str(program.meta["model_type"]),
+            "arkinfer.recipe": recipe, "arkinfer.target": target, "arkinfer.backend": backend,
+            "arkinfer.sparse_config": json.dumps(sparse),
+            "arkinfer.cache_layout": "past.{i}.k/v f32 [1,Hkv,P,D]; past.{i}.fine/coarse f32 "
+                                     "[1,Hkv,N,D] (InfLLM v2); outputs present.*"}
+    request.progress("lowering to ONNX")
+    model, layers = lower_to_onnx(program, src, request.dtype, meta)
+    request.progress("writing model.onnx + external data")
+    onnx.save_model(model, str(out / ONNX_FILE), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
+    onnx.checker.check_model(str(out / ONNX_FILE))
+    files = [ONNX_FILE, DATA_FILE]
+    tok_dir = request.model_dir if (request.model_dir / "tokenizer.json").is_file() \
+        else request.source_dir
+    for name in TOKENIZER_FILES:
+        if (Path(tok_dir) / name).is_file():
+            shutil.copy2(Path(tok_dir) / name, out / name)
+            files.append(name)
+    notes = []
+    if src.format is not None:
+        request.progress(f"copying the {src.format} checkpoint to hf/")
+        shutil.copytree(request.model_dir, out / HF_DIR)
+        files += [f"{HF_DIR}/{p.name}" for p in sorted((out / HF_DIR).iterdir())]
+    else:
+        notes.append("float build: no hf/ checkpoint copied (the source folder is the float "
+                     "checkpoint)")
+    linear = {"marlin": "arkinfer.MarlinLinear", "gptq": "arkinfer.Int4Linear (gptq)",
+              "awq": "arkinfer.Int4Linear (awq)"}.get(src.format or "", "MatMul (float)")
+    ops = {"attention": ("InfLLM v2 (arkinfer.InfLLMv2Attention ONNX function; dense below "
+                         f"dense_len={sparse.get('dense_len')})") if sparse else
+           "dense causal GQA (standard ONNX ops)",
+           "linear": linear + ("; host: com.microsoft.MatMulNBits" if src.format else ""),
+           "rms_norm": "standard ONNX ops", "rope": "standard ONNX ops (cos/sin from positions)"}
+    toolchain = {"onnx": version("onnx"), "onnxruntime": version("onnxruntime"),
+                 "opset": "21 + arkinfer 1"}
+    return LowerResult(files=files, ops=ops, toolchain=toolchain, notes=notes, layers=layers)

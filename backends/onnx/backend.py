@@ -1,0 +1,63 @@
+"""The onnx backend: one ONNX graph lowered from the IR, with the quantised linears and InfLLM v2
+as `arkinfer`-domain functions whose bodies are standard ops, so any ONNX runtime runs it
+(ONNX Runtime on a host CPU, Android, Windows or the web). Host runner: onnxruntime. Files and
+ops: README.md. The tensorrt backend builds on this one.
+
+    BACKEND.preflight(raw_config, recipe, target, dtype) -> notes (TargetError when impossible)
+    BACKEND.lower(LowerRequest)                          -> LowerResult (artifact.py)
+    BACKEND.load(artifact_dir, manifest)                 -> OnnxRunner (runner.py)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from arkinfer.backend import BackendBase, LowerRequest, LowerResult
+
+
+class OnnxBackend(BackendBase):
+    name = "onnx"
+
+    def available(self) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxruntime"))
+
+    def install_hint(self) -> str:
+        return "pip install 'arkinfer[onnx]'  (onnx + onnxruntime)"
+
+    def preflight(self, raw_config: dict, recipe: Any, target: Any,
+                  dtype: str = "f32") -> list[str]:
+        """Raise TargetError when the ONNX lowering cannot take this model or recipe (formats,
+        bits, shape rules, use_nope); no notes otherwise. Reads config.json only."""
+        from .preflight import check_lowerable
+
+        if target is not None:
+            target.check(self.name, recipe.format if recipe is not None else None, None)
+        check_lowerable(raw_config, recipe, self.name)
+        return []
+
+    def lower(self, request: LowerRequest) -> LowerResult:
+        from .artifact import lower
+
+        return lower(request, self.name)
+
+    def load(self, artifact_dir: str | Path, manifest: dict | None = None, *,
+             bench: bool = False, ops: str | None = None, threads: int | None = None):
+        """OnnxRunner over artifact/model.onnx; ops "contrib" (MatMulNBits, default) or
+        "function" (every arkinfer node through its ONNX body); manifest `runner.ops` overrides
+        the default."""
+        from .runner import OnnxRunner
+
+        runner_cfg = (manifest or {}).get("runner") or {}
+        return OnnxRunner(artifact_dir, ops=ops or runner_cfg.get("ops", "contrib"),
+                          threads=threads)
+
+    def reference_weights(self, artifact_dir: str | Path) -> Path | None:
+        """The `hf/` checkpoint (Marlin / GPTQ / AWQ) the ONNX graph was lowered from: the
+        pipeline runs ArkInfer's reference model on it to check onnxruntime's fidelity."""
+        hf = Path(artifact_dir) / "hf"
+        return hf if (hf / "config.json").is_file() else None
+
+
+BACKEND = OnnxBackend()
