@@ -288,6 +288,36 @@ def check_needle(impl: Infllmv2Impl, config: SparseConfig, length: int, needle_b
                              "needle's values")
 
 
+def check_overflowing_head(impl: Infllmv2Impl, config: SparseConfig, length: int = 400,
+                           needle_block: int = 3, queries: int = 4) -> None:
+    """One head's fp32 stage-1 scores overflow (q 1e20 . k 1e22 = inf; inf - lse inf = NaN) at
+    the needle's kernels. NaN counts as 0 *per head, before the group sum* (docs/infllmv2.md §9):
+    the group's other heads still select the needle block, exactly as the reference does — in
+    prefill and in a decode step. Zeroing NaN after the sum loses the needle instead."""
+    config = replace(config, dense_len=-1)
+    q, k, v = needle_qkv(config, length, needle_block, queries=queries)
+    lo = needle_block * config.block_size
+    k[:, 0, lo:lo + config.block_size, 0] = 1e22
+    q[:, :, -queries:, 0] = 0.0      # the other heads never touch the huge component ...
+    q[:, 0, -queries:, 0] = 1e20     # ... head 0 overflows on it
+    scale = q.shape[-1] ** -0.5
+    _, _, r_idx = ref.infllmv2_attention(q, k, v, config=config, scale=scale, cache_len=0)
+    if not bool((r_idx[:, :, -queries:] == needle_block).any(-1).all()):
+        raise AssertionError("test premise: the reference should still select the needle")
+    _, _, idx = _run(impl, q, k, v, config)
+    if not torch.equal(idx[:, :, -queries:], r_idx[:, :, -queries:]):
+        raise AssertionError(f"{impl.name}: with one head's scores overflowing, prefill selects "
+                             f"{idx[0, 0, -1].tolist()}, the reference {r_idx[0, 0, -1].tolist()}"
+                             " (NaN must count as 0 per head, before the group sum)")
+    p = length - 1
+    _, state, _ = _run(impl, q[:, :, :p], k[:, :, :p], v[:, :, :p], config)
+    _, _, d_idx = _run(impl, q[:, :, p:], k, v, config, cache_len=p, state=state)
+    if not torch.equal(d_idx[:, :, -1], r_idx[:, :, -1]):
+        raise AssertionError(f"{impl.name}: with one head's scores overflowing, a decode step "
+                             f"selects {d_idx[0, 0, -1].tolist()}, the reference "
+                             f"{r_idx[0, 0, -1].tolist()}")
+
+
 # -- §4 stage 2 on any idx ------------------------------------------------------------------------
 def check_stage2_any_idx(impl: Infllmv2Impl, queries: int, seed: int = 0) -> None:
     """Stage 2 alone on random idx rows (random subsets of blocks <= qb: holes in the local window,

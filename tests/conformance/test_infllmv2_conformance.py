@@ -18,6 +18,7 @@ from infllmv2_checks import (
     check_dense_len_exact,
     check_matches_reference,
     check_needle,
+    check_overflowing_head,
     check_no_quadratic_allocation,
     check_short_positions_dense,
     check_stage2_any_idx,
@@ -144,6 +145,11 @@ def test_overwhelming_needle_matches_reference(impl):
     if not impl.is_reference:
         q, k, v = needle_qkv(SMALL, 400, 3, strength=40.0)
         check_matches_reference(impl, q, k, v, SMALL)
+
+
+def test_one_overflowing_head_does_not_wipe_the_group(impl):
+    _need(impl)
+    check_overflowing_head(impl, SMALL)
 
 
 @pytest.mark.parametrize("config,length", [(SMALL, 333), (DEFAULT, 6144 + 700)],

@@ -1,4 +1,4 @@
-"""Fast decode (one new query per sequence), stages 1 and 2 fused (specs/infllmv2.md §3-§4).
+"""Fast decode (one new query per sequence), stages 1 and 2 fused (docs/infllmv2.md §3-§4).
 
 Same arithmetic as `reference.py`, organised so a decode step costs few torch ops and reads each
 byte it needs about once:
@@ -66,8 +66,10 @@ def decode_select(q: Tensor, keys: CompressedKeys, *, config: SparseConfig, scal
     else:   # keys as the tall left operand: ~1.3x faster than q @ K^T with G rows
         logits = torch.bmm(fine, qf.transpose(1, 2)).transpose(1, 2)
     lse = _coarse_lse(logits, qf, keys, config)                                 # [BH, G]
-    # p_h[j] = exp(logit - lse_h), summed over the group; NaN (inf - inf) counts as 0.
-    s = torch.nan_to_num_(logits.sub_(lse[..., None]).exp_().sum(1), nan=0.0)  # [BH, n1]
+    # p_h[j] = exp(logit - lse_h); a NaN (inf - inf) counts as 0 *per head*, before the group
+    # sum, as the reference does (one overflowing head must not wipe the others' scores).
+    p = torch.nan_to_num_(logits.sub_(lse[..., None]).exp_(), nan=0.0, posinf=float("inf"))
+    s = p.sum(1)                                                                # [BH, n1]
     return _top_candidates(s, config, cache_len)
 
 

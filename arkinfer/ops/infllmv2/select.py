@@ -1,4 +1,4 @@
-"""Fast stage 1 (specs/infllmv2.md §3): block selection in query chunks.
+"""Fast stage 1 (docs/infllmv2.md §3): block selection in query chunks.
 
 Same arithmetic as `reference.select_blocks`, organised for speed and bounded memory:
   * queries below budget * block_size see every past block, so their idx is written directly;
@@ -100,9 +100,11 @@ def _kernel_scores_chunk(q: Tensor, fine: Tensor, coarse: Tensor, config: Sparse
     p = torch.cat([qf * _LOG2E, shift], dim=-1) @ fine[:, :, :n1p].transpose(-1, -2)
     p = p.view(b, hkv, group, c, n1p).exp2_()
     _mask_tail(p, pos, config.kernel_size, config.kernel_stride, 0.0)
+    # NaN (inf - inf) counts as 0 per head, before the group sum, as in the reference.
+    torch.nan_to_num_(p, nan=0.0, posinf=float("inf"))
     s = p.sum(dim=2)                                          # [B, Hkv, C, n1p]: sum over the group
     del p
-    return torch.nan_to_num_(s[..., :n1], nan=0.0)
+    return s[..., :n1]
 
 
 def _pool_topk(s: Tensor, config: SparseConfig, pos: Tensor) -> Tensor:
