@@ -2,6 +2,10 @@
 
 A "model" here is anything with `forward(ids [B, T], positions [T], cache) -> (logits [B, T, V],
 cache)` and `empty_cache(batch)`: the PyTorch reference models today, backend Runners later.
+
+Non-finite logits are errors, never output: every forward's logits get one `isfinite` check, and
+only when it fails is the same call re-run with a hook on every module to name the first module
+whose output holds NaN or inf (`NonFiniteError`).
 """
 
 from __future__ import annotations
@@ -11,13 +15,85 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from arkinfer.errors import ArkError
 
 
+class NonFiniteError(ArkError):
+    """A model or runtime produced NaN or infinite logits."""
+
+
+def check_sampling(temperature: float, top_p: float) -> None:
+    """Raise unless temperature is finite and >= 0 and top_p is in (0, 1]."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ArkError(f"--temperature {temperature} is not a finite number >= 0",
+                       hint="use 0 for greedy decoding or e.g. --temperature 0.6")
+    if not (0 < top_p <= 1):  # also false for NaN
+        raise ArkError(f"--top-p {top_p} is outside (0, 1] (the probability mass to sample from)",
+                       hint="use e.g. --top-p 0.95, or 1 to sample from the whole vocabulary")
+
+
+def _nonfinite_counts(logits: Tensor) -> str:
+    nan = int(torch.isnan(logits).sum())
+    inf = int(torch.isinf(logits).sum())
+    return f"{nan} NaN and {inf} infinite of {logits.numel()} values"
+
+
+def require_finite(logits: Tensor, where: str) -> None:
+    """Raise NonFiniteError when `logits` hold NaN or inf (for runtimes that cannot be re-run
+    module by module, e.g. llama.cpp or onnxruntime: the message names `where` only)."""
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteError(f"{where} produced non-finite logits ({_nonfinite_counts(logits)})",
+                             hint="the weights are damaged or overflow this dtype; rebuild the "
+                             "artifact from a checkpoint whose `arkinfer run` output is finite")
+
+
+@torch.no_grad()
+def first_nonfinite_module(model: nn.Module, *args) -> str | None:
+    """Re-run `model(*args)` with a forward hook on every submodule; the name of the first one to
+    finish with a NaN/inf output (inner modules finish before their parents, so this is the most
+    specific module, e.g. "model.layers.3.mlp.down_proj"), or None when only the final logits
+    are."""
+    found: list[str] = []
+
+    def hook_for(name: str):
+        def hook(_module, _inputs, output) -> None:
+            out = output[0] if isinstance(output, tuple) else output
+            if not found and isinstance(out, Tensor) and out.is_floating_point() \
+                    and not bool(torch.isfinite(out).all()):
+                found.append(name)
+        return hook
+
+    handles = [m.register_forward_hook(hook_for(name)) for name, m in model.named_modules() if name]
+    try:
+        model(*args)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[0] if found else None
+
+
+def forward_checked(model, ids: Tensor, positions: Tensor, cache, where: str = "the model"):
+    """`model(ids, positions, cache)`, raising NonFiniteError naming the first module with NaN/inf
+    output when the logits are not all finite (the module search runs only then)."""
+    logits, new_cache = model(ids, positions, cache)
+    if bool(torch.isfinite(logits).all()):
+        return logits, new_cache
+    module = first_nonfinite_module(model, ids, positions, cache) \
+        if isinstance(model, nn.Module) else None
+    origin = (f"the first non-finite values come out of {module}" if module else
+              "the last module's outputs are finite: the final logit scaling overflows")
+    raise NonFiniteError(f"{where} produced non-finite logits ({_nonfinite_counts(logits)}); "
+                         f"{origin}",
+                         hint="the checkpoint's weights (or config values such as rms_norm_eps "
+                         "or the scales) hold NaN/inf or overflow; re-download or re-convert the "
+                         "checkpoint")
+
+
 def sample_next(logits: Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int:
-    """One token id from logits [V]: greedy when temperature <= 0, else nucleus sampling."""
+    """One token id from logits [V]: greedy when temperature <= 0, else nucleus sampling
+    (top_p in (0, 1], see `check_sampling`)."""
     if temperature <= 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / temperature, dim=-1)
@@ -30,21 +106,25 @@ def sample_next(logits: Tensor, temperature: float, top_p: float, gen: torch.Gen
 
 @torch.no_grad()
 def generate(model, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
-             top_p: float = 1.0, seed: int = 0, stop_ids: set[int] | frozenset = frozenset()
-             ) -> Iterator[int]:
-    """Yield generated token ids one at a time (prefill once, then one decode step per token)."""
+             top_p: float = 1.0, seed: int = 0, stop_ids: set[int] | frozenset = frozenset(),
+             where: str = "the model") -> Iterator[int]:
+    """Yield generated token ids one at a time (prefill once, then one decode step per token).
+    NaN/inf logits raise NonFiniteError naming `where` and the first module producing them."""
+    check_sampling(temperature, top_p)
     if not prompt_ids:
         raise ArkError("the prompt is empty after tokenisation", hint="give a non-empty prompt")
     gen = torch.Generator().manual_seed(seed)
     ids = torch.tensor([prompt_ids], dtype=torch.long)
-    logits, cache = model(ids, torch.arange(len(prompt_ids)), model.empty_cache(1))
+    logits, cache = forward_checked(model, ids, torch.arange(len(prompt_ids)), model.empty_cache(1),
+                                    where)
     pos = len(prompt_ids)
     for _ in range(max_new_tokens):
         token = sample_next(logits[0, -1], temperature, top_p, gen)
         yield token
         if token in stop_ids:
             return
-        logits, cache = model(torch.tensor([[token]]), torch.tensor([pos]), cache)
+        logits, cache = forward_checked(model, torch.tensor([[token]]), torch.tensor([pos]), cache,
+                                        where)
         pos += 1
 
 
@@ -59,11 +139,22 @@ class Perplexity:
         return {"ppl": self.ppl, "tokens": self.tokens, "windows": self.windows, "ctx": self.ctx}
 
 
+def exp_nll(mean_nll: float) -> float:
+    """Perplexity exp(mean NLL); inf (not OverflowError) for a model that is hopelessly wrong."""
+    return math.exp(mean_nll) if mean_nll < 700 else math.inf
+
+
 def window_nll(logits: Tensor, window: Tensor) -> tuple[float, int]:
     """Sum of NLL of window[1:] given logits [T, V] of window[:-1] positions, and the count."""
     logp = torch.log_softmax(logits[:-1].double(), dim=-1)
     nll = -logp.gather(1, window[1:, None]).sum()
     return float(nll), int(window.shape[0] - 1)
+
+
+def window_bytes(vocab_size: int, kv_bytes_per_token: int) -> int:
+    """Bytes per token of one scored window, a lower bound: the fp32 logits and their float64
+    log-softmax (20 bytes per vocabulary entry) plus the fp32 KV cache of every layer."""
+    return 20 * vocab_size + kv_bytes_per_token
 
 
 def windows_of(ids: list[int], ctx: int) -> list[list[int]]:
@@ -80,24 +171,30 @@ def windows_of(ids: list[int], ctx: int) -> list[list[int]]:
 
 @torch.no_grad()
 def perplexity(logits_fn: Callable[[list[int]], Tensor], ids: list[int], ctx: int,
-               progress: Callable[[int, int], None] | None = None) -> Perplexity:
+               progress: Callable[[int, int], None] | None = None,
+               where: str = "the model") -> Perplexity:
     """exp(mean NLL) with the ArkInfer protocol: each window evaluated from an empty cache, every
-    token of a window scored except its first. `logits_fn(window) -> [T, V]`."""
+    token of a window scored except its first. `logits_fn(window) -> [T, V]`; NaN/inf logits
+    raise NonFiniteError naming `where` and the window."""
     windows = windows_of(ids, ctx)
     total_nll, total = 0.0, 0
     for i, window in enumerate(windows):
-        nll, count = window_nll(logits_fn(window), torch.tensor(window))
+        logits = logits_fn(window)
+        require_finite(logits, f"{where} (window {i + 1} of {len(windows)})")
+        nll, count = window_nll(logits, torch.tensor(window))
         total_nll, total = total_nll + nll, total + count
         if progress:
             progress(i + 1, len(windows))
-    return Perplexity(math.exp(total_nll / total), total, len(windows), ctx)
+    return Perplexity(exp_nll(total_nll / total), total, len(windows), ctx)
 
 
-def model_logits_fn(model) -> Callable[[list[int]], Tensor]:
-    """Adapter: a reference model as `window -> logits [T, V]` (prefill from an empty cache)."""
+def model_logits_fn(model, where: str = "the model") -> Callable[[list[int]], Tensor]:
+    """Adapter: a reference model as `window -> logits [T, V]` (prefill from an empty cache);
+    NaN/inf logits raise NonFiniteError naming the first module producing them."""
 
     def run(window: list[int]) -> Tensor:
-        logits, _ = model(torch.tensor([window]), torch.arange(len(window)), model.empty_cache(1))
+        logits, _ = forward_checked(model, torch.tensor([window]), torch.arange(len(window)),
+                                    model.empty_cache(1), where)
         return logits[0]
 
     return run

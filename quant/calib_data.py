@@ -102,9 +102,7 @@ def read_texts(path: Path) -> list[str]:
 def sample_windows(stream: list[int], samples: int, seq_len: int, seed: int,
                    pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """`samples` windows of `seq_len` tokens at seeded random offsets -> (ids, mask)."""
-    if samples < 1 or seq_len < 2:
-        raise QuantError(f"samples={samples}, seq_len={seq_len}: need at least 1 sample of at "
-                         "least 2 tokens", "pass --samples N (>= 1) and --seq-len L (>= 2)")
+    check_calibration_size(samples, seq_len)
     if not stream:
         raise QuantError("the calibration text is empty after tokenisation",
                          "give a non-empty --calib file")
@@ -121,9 +119,43 @@ def sample_windows(stream: list[int], samples: int, seq_len: int, seed: int,
     return ids, torch.ones_like(ids, dtype=torch.bool)
 
 
+# Calibration holds a few [samples, seq_len, hidden] float32 activations at once (the block's
+# inputs, outputs and reference outputs; quant/calib/stream.py), plus int64 ids and a bool mask.
+ACTIVATION_COPIES = 4
+
+
+def check_calibration_size(samples: int, seq_len: int, max_positions: int | None = None,
+                           hidden_size: int | None = None) -> None:
+    """Raise QuantError, before anything is allocated, when the windows are impossible: fewer than
+    1 sample of 2 tokens, longer than the model's `max_position_embeddings`, or activations
+    larger than the memory available now (psutil)."""
+    if samples < 1 or seq_len < 2:
+        raise QuantError(f"samples={samples}, seq_len={seq_len}: need at least 1 sample of at "
+                         "least 2 tokens", "pass --samples N (>= 1) and --seq-len L (>= 2)")
+    if max_positions is not None and seq_len > max_positions:
+        raise QuantError(f"--seq-len {seq_len} exceeds the model's max_position_embeddings="
+                         f"{max_positions}", f"use --seq-len {min(512, max_positions)} (at most "
+                         f"{max_positions})")
+    if hidden_size is not None:
+        import psutil
+
+        need = samples * seq_len * (ACTIVATION_COPIES * 4 * hidden_size + 9)
+        available = int(psutil.virtual_memory().available)
+        if need > available:
+            raise QuantError(f"calibration with --samples {samples} x --seq-len {seq_len} "
+                             f"(hidden_size {hidden_size}) needs about {need / 2**30:.1f} GiB of "
+                             f"activations; this machine has {available / 2**30:.1f} GiB available",
+                             "lower --samples or --seq-len (e.g. --samples 128 --seq-len 512)")
+
+
 def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samples: int = 128,
-                     seq_len: int = 512, seed: int = 0, eos_id: int | None = None) -> CalibData:
-    """Tokenise the calibration text (default corpus_train.txt) and sample windows."""
+                     seq_len: int = 512, seed: int = 0, eos_id: int | None = None, *,
+                     max_positions: int | None = None, hidden_size: int | None = None
+                     ) -> CalibData:
+    """Tokenise the calibration text (default corpus_train.txt) and sample windows. With the
+    model's `max_positions` and `hidden_size`, impossible sizes are refused before anything is
+    read or allocated (`check_calibration_size`)."""
+    check_calibration_size(samples, seq_len, max_positions, hidden_size)
     path = Path(path) if path is not None else DEFAULT_CALIB_TEXT
     texts = read_texts(path)
     stream: list[int] = []

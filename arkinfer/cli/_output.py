@@ -1,4 +1,10 @@
-"""Output helpers: every command prints data either for humans (rich) or as JSON."""
+"""Output helpers: every command prints data either for humans (rich) or as JSON.
+
+Both consoles print text literally (`markup=False`): paths, prompts and tensor names may hold `[`
+and `]`, which rich would otherwise read as markup (`-o 'out[/x]'` raised MarkupError, `[x]`
+vanished). A line that wants colour passes `markup=True` and escapes everything it interpolates;
+a status spinner gets a `rich.text.Text` (a spinner parses a plain string as markup).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, markup=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 def print_json(data: Any) -> None:
@@ -27,11 +33,11 @@ def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) ->
         for line in [columns, *rows]:
             print("\t".join(str(x) for x in line))
         return
-    table = Table(title=escape(title) if title else None, show_header=True, header_style="bold")
+    table = Table(title=title, show_header=True, header_style="bold")
     for col in columns:
         table.add_column(col)
     for row in rows:
-        table.add_row(*[escape(str(x)) for x in row])
+        table.add_row(*[str(x) for x in row])
     console.print(table)
 
 
@@ -42,11 +48,11 @@ def print_kv(title: str, items: list[tuple[str, Any]]) -> None:
         for key, value in items:
             print(f"  {key}: {value}")
         return
-    table = Table(title=escape(title), show_header=False, box=None, pad_edge=False)
+    table = Table(title=title, show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     for key, value in items:
-        table.add_row(key, escape(str(value)))
+        table.add_row(key, str(value))
     console.print(table)
 
 
@@ -62,5 +68,5 @@ def progress_bar(label: str, field: str):
     )
 
     return Progress(TextColumn(f"[bold]{escape(label)}[/]"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[" + field + "]}"),
+                    TimeElapsedColumn(), TextColumn("{task.fields[" + field + "]}", markup=False),
                     console=err_console, transient=True)

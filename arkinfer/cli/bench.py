@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from arkinfer.cli._errors import handle_errors
+from arkinfer.cli._options import JsonOpt, deprecated_alias
 from arkinfer.cli._output import console, err_console
 
 HELP = ("Measure an artifact on this machine the way llama-bench does: prompt processing (pp, "
@@ -24,8 +26,8 @@ HELP = ("Measure an artifact on this machine the way llama-bench does: prompt pr
 EXAMPLES = [
     "arkinfer bench dist/demo.host.q4_0",
     "arkinfer bench dist/demo.host.q4_0 -p 128,512 -n 64 -d 0,1024,2048 -r 3 --plot bench.png",
-    "arkinfer bench dist/demo.host.q4_0 --attention both -d 0,4096 -o json > bench.json",
-    "arkinfer bench dist/smollm2.rpi5.q4_0 -o csv",
+    "arkinfer bench dist/demo.host.q4_0 --attention both -d 0,4096 --json > bench.json",
+    "arkinfer bench dist/smollm2.rpi5.q4_0 --format csv --threads 2",
 ]
 
 
@@ -71,21 +73,35 @@ def command(
     attention: Annotated[Attention, typer.Option(
         "--attention", help="Sparse-config models: dense, sparse (InfLLM v2), both, or default "
         "(what the artifact runs).")] = Attention.default,
-    output: Annotated[OutFormat, typer.Option("-o", "--output", help="md, json or csv.")
-                      ] = OutFormat.md,
+    output: Annotated[OutFormat, typer.Option("--format", "-f", help="md, json or csv "
+                                              "(llama-bench's -o).")] = OutFormat.md,
+    json_out: JsonOpt = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write tokens/s against depth as "
                                               "a PNG.")] = None,
-    threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads (default: "
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: "
                                                 "torch's).")] = None,
+    old_output: Annotated[OutFormat | None, typer.Option("-o", "--output", hidden=True)] = None,
+    old_threads: Annotated[int | None, typer.Option("-t", hidden=True)] = None,
 ) -> None:
     from arkinfer.errors import ArkError
     from arkinfer.frontend.checkpoint import read_config
     from arkinfer.pipeline.artifact import load_runner
     from arkinfer.pipeline.bench import BenchSpec, host_predictor, run_bench, write_plot
 
+    if old_output is not None:  # -o is the output folder in every other command
+        deprecated_alias("`bench -o FORMAT`", "--format FORMAT (-f)")
+        output = old_output
+    if old_threads is not None:  # -t is --target in every other command
+        deprecated_alias("`bench -t N`", "--threads N")
+        threads = old_threads
+    if json_out:
+        output = OutFormat.json
     if repetitions < 1 or warmup < 0:
         raise ArkError(f"-r {repetitions} / --warmup {warmup}: need at least 1 repetition and "
                        "0 or more warm-ups", hint="e.g. -r 5 --warmup 1")
+    if threads is not None and threads < 1:
+        raise ArkError(f"--threads {threads}: the number of CPU threads must be at least 1",
+                       hint="e.g. --threads 4, or leave it out to use torch's default")
     if threads is not None:
         import torch
 
@@ -93,9 +109,9 @@ def command(
     modes = ("dense", "sparse") if attention == Attention.both else (attention.value,)
     spec = BenchSpec(_ints(prompts, "-p"), _ints(gens, "-n"), _ints(depths, "-d"), repetitions,
                      warmup, modes)
-    with err_console.status("loading") as status:
+    with err_console.status(Text("loading")) as status:
         manifest, runner = load_runner(artifact, bench=True,
-                                       step=lambda m: status.update(f"loading: {m}"))
+                                       step=lambda m: status.update(Text(f"loading: {m}")))
         if attention != Attention.default and not manifest["source"].get("sparse_config"):
             raise ArkError(f"--attention {attention.value}: {manifest['name']} has no "
                            "sparse_config, so it only runs dense attention",
@@ -104,7 +120,7 @@ def command(
         raw = read_config(source) if (source / "config.json").is_file() else None
         predictor = host_predictor(manifest, raw) if raw else None
         rows = run_bench(runner, manifest, spec, predictor=predictor,
-                         progress=lambda m: status.update(f"bench: {m}"))
+                         progress=lambda m: status.update(Text(f"bench: {m}")))
     if plot is not None:
         write_plot(rows, plot, f"{manifest['name']} on {rows[0]['cpu_info']}")
         err_console.print(f"plot written to {plot}")

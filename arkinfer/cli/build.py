@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+from rich.text import Text
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import JsonOpt
+from arkinfer.cli._options import BackendOpt, ForceOpt, JsonOpt, QuantOpt, TargetOpt
 from arkinfer.cli._output import console, err_console, print_json, print_kv
 
 HELP = ("Build a verified artifact: load -> trace -> quantise -> lower -> verify -> write. The "
@@ -34,7 +36,7 @@ class StageReporter:
         from arkinfer.pipeline.build import STAGES
 
         self.stages = STAGES
-        self.status = err_console.status("")
+        self.status = err_console.status(Text(""))
         self.index = 0
         self.current = ""
 
@@ -48,21 +50,21 @@ class StageReporter:
     def stage(self, name: str) -> None:
         self.index = self.stages.index(name) + 1
         self.current = name
-        self.status.update(f"[{self.index}/{len(self.stages)}] {name}")
+        self.status.update(Text(f"[{self.index}/{len(self.stages)}] {name}"))
         self.t0 = time.perf_counter()
 
     def step(self, message: str) -> None:
-        self.status.update(f"[{self.index}/{len(self.stages)}] {self.current}: {message}")
+        self.status.update(Text(f"[{self.index}/{len(self.stages)}] {self.current}: {message}"))
 
     def blocks(self, done: int, total: int, seconds: float) -> None:
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / (done + 1) * (total - done - 1)
-        self.status.update(f"[{self.index}/{len(self.stages)}] quantise: block {done + 1}/{total} "
-                           f"({seconds:.1f} s; about {eta:.0f} s left)")
+        self.status.update(Text(f"[{self.index}/{len(self.stages)}] quantise: block "
+                                f"{done + 1}/{total} ({seconds:.1f} s; about {eta:.0f} s left)"))
 
     def stage_done(self, name: str, seconds: float, summary: str = "") -> None:
-        err_console.print(f"[green]✓[/] {name:<9} {seconds:7.1f} s  {summary}", markup=True,
-                          highlight=False)
+        err_console.print(f"[green]✓[/] {escape(f'{name:<9}')} {seconds:7.1f} s  "
+                          f"{escape(summary)}", markup=True, highlight=False)
 
 
 class _Quiet:
@@ -84,13 +86,9 @@ class _Quiet:
 @handle_errors
 def command(
     model: Annotated[str, typer.Argument(help="HF folder, .gguf file, or 'demo'.")] = "demo",
-    target: Annotated[str, typer.Option("--target", "-t", help="Target id or alias "
-                                        "(`arkinfer targets`).")] = "host",
-    quant: Annotated[str, typer.Option("--quant", "-q", help="f32, f16, bf16 or a preset: q4_0, "
-                                       "q4_1, q8_0, gptq, awq, marlin, ternary, mlx4, ort4.")
-                     ] = "q4_0",
-    backend: Annotated[str | None, typer.Option("--backend", "-b", help="Backend (default: the "
-                                                "target's).")] = None,
+    target: TargetOpt = "host",
+    quant: QuantOpt = "q4_0",
+    backend: BackendOpt = None,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Artifact folder (default "
                                              "dist/MODEL.TARGET.QUANT).")] = None,
     calib: Annotated[Path | None, typer.Option("--calib", help="Calibration text (plain or "
@@ -103,7 +101,7 @@ def command(
         "(repeatable).")] = None,
     option: Annotated[list[str] | None, typer.Option(
         "--option", help="Backend option KEY=VALUE (repeatable).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing artifact.")] = False,
+    force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     from arkinfer.errors import ArkError

@@ -43,34 +43,58 @@ def command(
 ) -> None:
     from rich.progress import Progress
 
-    from arkinfer.frontend.checkpoint import load
-    from arkinfer.generate import model_logits_fn, perplexity
+    from arkinfer.frontend.checkpoint import check_memory, load, open_checkpoint
+    from arkinfer.generate import model_logits_fn, perplexity, window_bytes
+    from arkinfer.paths import require_regular_file
+    from arkinfer.pipeline.artifact import is_artifact, load_runner
 
-    if not text.is_file():
-        raise ArkError(f"text file {str(text)!r} does not exist", hint="pass --text FILE")
+    if max_windows is not None and max_windows < 1:
+        raise ArkError(f"--max-windows {max_windows} is not a number of windows (>= 1)",
+                       hint="pass --max-windows 1 or more, or leave it out to score every window")
+    if text.is_dir():
+        raise ArkError(f"--text {str(text)!r} is a directory; --text needs a UTF-8 text file",
+                       hint="pass a file, e.g. --text arkinfer/data/corpus_eval.txt")
+    require_regular_file(text, "--text file")
     try:
         content = text.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ArkError(f"{text} is not UTF-8 text: {exc}", hint="convert it to UTF-8") from None
-    from arkinfer.pipeline.artifact import is_artifact, load_runner
+
+    def check_window_memory(ids: list[int], bytes_per_token: int, where: str) -> None:
+        window = min(ctx, len(ids))  # a text shorter than --ctx is one shorter window
+        check_memory(window * bytes_per_token, f"--ctx {ctx} (a window of {window} tokens of "
+                     f"{where})")
 
     if is_artifact(model):
         manifest, runner = load_runner(model)
         if dense and "dense" in runner.attention_modes:
             runner.set_attention("dense")
+        where = f"{model} ({manifest['backend']['name']} runner)"
         ids = runner.tokenize(content)
-        logits_fn, where = runner.window_logits, f"{model} ({manifest['backend']['name']} runner)"
+        check_window_memory(ids, window_bytes(int(manifest["tokenizer"].get("vocab_size") or 0),
+                                              2 * int(manifest["memory"]["kv_bytes_per_token"])),
+                            where)  # the manifest's KV bytes are fp16; the runner's fp32
+        logits_fn = runner.window_logits
     else:
-        ckpt, net = load(model, dense=dense, sparse_impl=infllmv2.value)
+        ckpt = open_checkpoint(model)
+        cfg = ckpt.config
+        if ctx > cfg.max_position_embeddings:
+            raise ArkError(f"--ctx {ctx} exceeds max_position_embeddings="
+                           f"{cfg.max_position_embeddings} of {ckpt.path}",
+                           hint=f"use --ctx {cfg.max_position_embeddings} or less")
         if ckpt.tokenizer is None:
             raise ArkError(f"{ckpt.path} has no tokenizer.json", hint="eval needs a tokenizer")
         ids = ckpt.tokenizer.encode(content, add_special_tokens=False)
-        logits_fn, where = model_logits_fn(net), str(ckpt.path)
+        where = str(ckpt.path)
+        check_window_memory(ids, window_bytes(cfg.vocab_size, 8 * cfg.num_hidden_layers *
+                                              cfg.num_key_value_heads * cfg.head_dim), where)
+        _, net = load(ckpt.path, dense=dense, sparse_impl=infllmv2.value)
+        logits_fn = model_logits_fn(net, f"the model {where}")
     if max_windows is not None:
         ids = ids[: max_windows * ctx]
     with Progress(console=console, transient=True, disable=json_out) as bar:
         task = bar.add_task("scoring windows", total=None)
-        result = perplexity(logits_fn, ids, ctx,
+        result = perplexity(logits_fn, ids, ctx, where=where,
                             progress=lambda done, total: bar.update(task, completed=done, total=total))
     if json_out:
         print_json({"ppl": result.ppl, "tokens": result.tokens, "windows": result.windows,

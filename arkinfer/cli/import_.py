@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import JsonOpt
+from arkinfer.cli._options import ForceOpt, JsonOpt
 from arkinfer.cli._output import (
     console,
     print_json,
@@ -67,7 +67,7 @@ def command(
                                             show_default=False)],
     dtype: Annotated[DtypeChoice, typer.Option("--dtype", help="Weight dtype of the safetensors.",
                                                case_sensitive=False)] = DtypeChoice.f32,
-    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT_DIR.")] = False,
+    force: ForceOpt = False,
     max_shard_size: Annotated[str, typer.Option(
         "--max-shard-size", help="Split weights into shards of at most this size.")] = "5GB",
     json_out: JsonOpt = False,

@@ -93,4 +93,4 @@ def command(
             for c, v in info["kv_cache"].items()]
     print_table("KV cache by context", ["context", "K+V (bf16)", "InfLLM v2 compressed keys"], rows)
     if info["tokenizer"] is None:
-        console.print("[yellow]no tokenizer.json: run and eval need one[/]")
+        console.print("[yellow]no tokenizer.json: run and eval need one[/]", markup=True)

@@ -13,7 +13,7 @@ from rich import box
 from rich.table import Table
 
 from arkinfer.cli._errors import handle_errors, report
-from arkinfer.cli._options import JsonOpt
+from arkinfer.cli._options import BackendOpt, JsonOpt, QuantOpt, TargetOpt
 from arkinfer.cli._output import console, print_json, print_kv, print_table
 from arkinfer.latency.plan import CONTEXTS, Plan, make_plan
 from arkinfer.latency.predict import Prediction
@@ -21,7 +21,7 @@ from arkinfer.latency.predict import Prediction
 HELP = ("Plan a deployment from config.json (and safetensors headers) alone: weight bytes per "
         "format, KV cache per token, memory fit at 4K / 32K / 128K tokens, what the target's "
         "backend runs, and predicted TTFT and decode tokens/s, dense and with InfLLM v2 (the "
-        "roofline of specs/targets.md). Exits non-zero, with the numbers, when it does not fit.")
+        "roofline of docs/targets.md). Exits non-zero, with the numbers, when it does not fit.")
 EXAMPLES = [
     "arkinfer plan minicpm4.1-8b --target jetson-orin --quant int4",
     "arkinfer plan minicpm4.1-8b --target rpi5 --quant fp16",
@@ -123,12 +123,9 @@ def _print_rows(plan: Plan) -> None:
 def command(
     model: Annotated[str, typer.Argument(help="A known config name (minicpm4.1-8b), a "
                                          "config.json, a model folder, or 'demo'.")],
-    target: Annotated[str, typer.Option("--target", "-t", help="Target id, alias or .toml.")],
-    quant: Annotated[str, typer.Option("--quant", "-q", help="f32, f16/fp16, bf16, a preset "
-                                       "(q4_0, marlin, gptq, awq, mlx4, ...) or int4.")],
-    backend: Annotated[str | None, typer.Option("--backend", "-b", help="Backend on the target "
-                                                "(default: the target's, if it takes QUANT).")]
-    = None,
+    target: TargetOpt,
+    quant: QuantOpt,
+    backend: BackendOpt = None,
     context: Annotated[list[int] | None, typer.Option("--context", "-c", help="Context length "
                        "(repeat; default 4096, 32768, 131072).")] = None,
     json_out: JsonOpt = False,

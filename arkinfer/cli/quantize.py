@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import JsonOpt, ModelArg
+from arkinfer.cli._options import ForceOpt, JsonOpt, ModelArg
 from arkinfer.cli._output import (
     console,
     err_console,
@@ -113,7 +113,7 @@ def command(
                                          "layer.")] = False,
     work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Per-block results "
                                                   "(default OUT.work).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
+    force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     from arkinfer.errors import ArkError
@@ -138,7 +138,9 @@ def command(
     eos = ckpt.config.eos_token_id
     eos = eos[0] if isinstance(eos, list) and eos else eos
     data = load_calibration(ckpt.tokenizer, calib, samples, seq_len, seed,
-                            eos if isinstance(eos, int) else None)
+                            eos if isinstance(eos, int) else None,
+                            max_positions=ckpt.config.max_position_embeddings,
+                            hidden_size=ckpt.config.hidden_size)
     options: dict = {"damp": damp} if damp is not None else {}
     if static_groups:
         options.update(static_groups=True, act_order=act_order)

@@ -6,6 +6,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import DenseOpt, InfLLMv2Impl, ModelArg, SparseImplOpt
@@ -43,8 +44,8 @@ def command(
     model: ModelArg = "demo",
     prompt: Annotated[str, typer.Option("-p", "--prompt", help="The user message.")] = "Hello!",
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 128,
-    temperature: Annotated[float, typer.Option(help="0 = greedy. MiniCPM4.1 recommends 0.6.", min=0.0)] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling mass.")] = 0.95,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (>= 0). MiniCPM4.1 recommends 0.6.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")] = 0.95,
     no_think: Annotated[bool, typer.Option("--no-think", help="Fast mode: enable_thinking=False in the template.")] = False,
     system: Annotated[str | None, typer.Option(help="Optional system message.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Continue the prompt as plain text, no chat template.")] = False,
@@ -53,8 +54,9 @@ def command(
     infllmv2: SparseImplOpt = InfLLMv2Impl.fast,
 ) -> None:
     from arkinfer.frontend.checkpoint import load
-    from arkinfer.generate import generate
+    from arkinfer.generate import check_sampling, generate
 
+    check_sampling(temperature, top_p)  # before loading a model for minutes
     ckpt, net = load(model, dense=dense, sparse_impl=infllmv2.value)
     tok = ckpt.tokenizer
     if tok is None:
@@ -66,8 +68,10 @@ def command(
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": prompt}]
         ids = tok.encode_chat(messages, enable_thinking=False if no_think else None)
-    err_console.print(f"[dim]{ckpt.config.model_type} · {len(ids)} prompt tokens[/]")
+    err_console.print(f"[dim]{escape(ckpt.config.model_type)} · {len(ids)} prompt tokens[/]",
+                      markup=True)
     streamer = _Streamer(tok)
-    for token in generate(net, ids, max_tokens, temperature, top_p, seed, tok.stop_ids):
+    for token in generate(net, ids, max_tokens, temperature, top_p, seed, tok.stop_ids,
+                          where=f"the model {ckpt.path}"):
         streamer.push(token)
     sys.stdout.write("\n")

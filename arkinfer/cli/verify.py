@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import JsonOpt
@@ -13,9 +14,11 @@ from arkinfer.cli._output import err_console, print_json, print_kv, print_table
 
 HELP = ("Verify an artifact: the manifest against its JSON schema, the sha256 of every file, then "
         "its Runner on this machine against the float reference model on fixed prompts (top-1 "
-        "agreement, mean KL divergence, perplexity delta). Thresholds are the ones the build used "
-        "(per quant scheme) unless overridden. Exits non-zero naming the metric when a threshold "
-        "is crossed or a file was changed.")
+        "agreement, mean KL divergence, perplexity delta), re-measured every time. Thresholds are "
+        "the quant scheme's unless overridden with --threshold; the thresholds and metrics the "
+        "manifest records are never trusted (the report says where the recorded metrics differ "
+        "from the re-measured ones). Exits non-zero naming the metric when a threshold is crossed "
+        "or a file was changed.")
 EXAMPLES = [
     "arkinfer verify dist/demo.host.q4_0",
     "arkinfer verify dist/smollm2.host.q4_0 --threshold ppl_delta=0.5 --json",
@@ -40,9 +43,9 @@ def command(
     if json_out:
         result = verify_artifact(artifact, overrides=overrides, source=source)
     else:
-        with err_console.status("verifying") as status:
+        with err_console.status(Text("verifying")) as status:
             result = verify_artifact(artifact, overrides=overrides, source=source,
-                                     step=lambda m: status.update(f"verifying: {m}"))
+                                     step=lambda m: status.update(Text(f"verifying: {m}")))
     if json_out:
         print_json(result)
     else:
@@ -63,10 +66,26 @@ def command(
                              f">= {f['threshold_top1']}"],
                             ["mean_kl", f"{f['mean_kl']:.6f}", "(reported)"],
                             ["max_abs_logit_diff", f"{f['max_abs_logit_diff']:.4g}", "(reported)"]])
-        print_kv("integrity", [("files", result["integrity"])])
+        print_kv("integrity", [("files", result["integrity"]), ("float source", (
+            f"{result['source']['path']} (chosen by {result['source']['chosen_by']})"))])
+        _print_manifest_differences(result)
     if not result["passed"]:
         raise VerifyError(f"{artifact} failed verification: " + "; ".join(result["failures"]),
                           hint="rebuild with a more precise --quant, or pass --threshold to "
                           "loosen the gate explicitly")
     if not json_out:
         err_console.print("[green]passed[/]", markup=True)
+
+
+def _print_manifest_differences(result: dict) -> None:
+    """What the manifest claims that this run did not use or did not reproduce."""
+    mismatches = result["recorded_mismatches"]
+    if mismatches:
+        err_console.print(f"warning: {len(mismatches)} metric(s) recorded in the manifest differ "
+                          "from the re-measured ones (the gate uses the re-measured values)")
+        print_table("recorded in the manifest vs re-measured", ["metric", "recorded", "measured"],
+                    [[m["metric"], m["recorded"], m["measured"]] for m in mismatches])
+    ignored = result.get("manifest_thresholds_ignored")
+    if ignored is not None:
+        err_console.print(f"note: the manifest records the thresholds {ignored}; verify applies "
+                          f"the scheme's {result['thresholds']} (pass --threshold to change them)")

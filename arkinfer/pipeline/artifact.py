@@ -3,6 +3,10 @@
     manifest = read_manifest(path)                 # schema version + JSON schema
     runner = load_runner(path)                     # hashes checked first
     report = verify_artifact(path)                 # integrity + parity vs the float source
+
+Nothing the manifest says about quality is trusted: verify re-measures parity with the scheme's
+thresholds. Without a signature it cannot prove who built the artifact or that the scheme it names
+is the one used (see README, "Safety and failure behaviour").
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 from arkinfer.backend import get_backend
 
 from . import manifest as mf
-from .verify import VerifyError
+from .verify import VerifyError, recorded_mismatches
 
 
 def is_artifact(path: str | Path) -> bool:
@@ -48,35 +52,59 @@ def load_runner(path: str | Path, *, check: bool = True, step=None, bench: bool 
 
 def verify_artifact(path: str | Path, *, overrides: dict[str, float] | None = None,
                     source: str | Path | None = None, step=None) -> dict[str, Any]:
-    """Schema, hashes, then parity vs the float source (manifest's path unless `source`)."""
-    from arkinfer.errors import CheckpointError
-
+    """Schema, hashes, then parity re-measured against the float source (the manifest's path
+    unless `source`). The thresholds are the scheme's (pipeline/verify.py) with `overrides`; the
+    ones the manifest records are never used, and the result lists where the manifest's recorded
+    metrics differ from the re-measured ones (`recorded_mismatches`)."""
     from .bench import recipe_of
-    from .build import backend_fidelity, verify_runner
+    from .verify import backend_fidelity, verify_runner
 
     path = Path(path)
     manifest, runner = load_runner(path, step=step)
-    src = Path(source) if source is not None else Path(manifest["source"]["path"])
-    if not (src / "config.json").is_file():
-        raise CheckpointError(f"the artifact's float source {src} is not here",
-                              hint="pass --source FOLDER with the checkpoint it was built from")
-    config_sha = mf.sha256_file(src / "config.json")
-    if config_sha != manifest["source"]["config_sha256"]:
-        raise VerifyError(f"{src}/config.json differs from the one {path.name} was built from "
-                          f"(sha256 {config_sha[:12]} vs {manifest['source']['config_sha256'][:12]})",
-                          hint="pass --source with the checkpoint the artifact was built from")
-    q = manifest["quant"]
-    recipe = recipe_of(manifest)
-    base = dict(manifest["verification"]["thresholds"])
-    base.update(overrides or {})
+    src = float_source(path, manifest, source)
+    try:
+        recipe = recipe_of(manifest)
+    except (TypeError, ValueError) as exc:
+        raise mf.ManifestError(f"quant.recipe in {path / mf.MANIFEST_NAME} is not a recipe: {exc}",
+                               hint="the manifest was edited or damaged; rebuild the artifact"
+                               ) from None
     step = step or (lambda m: None)
-    result = verify_runner(runner, src, recipe, q.get("dtype", "f32"), base, step)
+    result = verify_runner(runner, src, recipe, str(manifest["quant"].get("dtype", "f32")),
+                           overrides or {}, step)
     fidelity = backend_fidelity(get_backend(manifest["backend"]["name"]), path, runner, step)
     if fidelity is not None:
         result["fidelity"] = fidelity
         if not fidelity["passed"]:
             result["passed"] = False
             result["failures"].append(fidelity["failure"])
+    recorded = manifest["verification"]
+    result["recorded_mismatches"] = recorded_mismatches(recorded["metrics"], result["metrics"])
+    if recorded["thresholds"] != result["thresholds"]:
+        result["manifest_thresholds_ignored"] = recorded["thresholds"]
     result["artifact"] = str(path)
+    result["source"] = {"path": str(src), "chosen_by": "--source" if source is not None
+                        else "the manifest"}
     result["integrity"] = f"{len(manifest['files'])} files match the manifest"
     return result
+
+
+def float_source(path: Path, manifest: dict[str, Any], source: str | Path | None) -> Path:
+    """The float checkpoint to compare with: `source`, else the manifest's source path. It must
+    hold the config.json the artifact was built from and must not lie inside the artifact (an
+    artifact compared with its own files proves nothing)."""
+    from arkinfer.errors import CheckpointError
+
+    src = Path(source) if source is not None else Path(manifest["source"]["path"])
+    if not (src / "config.json").is_file():
+        raise CheckpointError(f"the artifact's float source {src} is not here",
+                              hint="pass --source FOLDER with the checkpoint it was built from")
+    if src.resolve().is_relative_to(path.resolve()):
+        raise VerifyError(f"the float source {src} lies inside the artifact {path}; comparing the "
+                          "artifact with its own files proves nothing",
+                          hint="pass --source FOLDER with the float checkpoint it was built from")
+    config_sha = mf.sha256_file(src / "config.json")
+    if config_sha != manifest["source"]["config_sha256"]:
+        raise VerifyError(f"{src}/config.json differs from the one {path.name} was built from "
+                          f"(sha256 {config_sha[:12]} vs {manifest['source']['config_sha256'][:12]})",
+                          hint="pass --source with the checkpoint the artifact was built from")
+    return src

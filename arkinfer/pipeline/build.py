@@ -20,7 +20,6 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,20 +29,12 @@ from typing import Any
 from arkinfer import __version__
 from arkinfer.backend import LowerRequest, get_backend
 from arkinfer.errors import ArkError
-from arkinfer.frontend.checkpoint import read_config
 from arkinfer.targets.machine import machine_info
 from arkinfer.output_folder import remove_leftovers, replace_folder, staging_path
 
 from . import manifest as mf
 from .plan import BuildPlan, check_artifact_output
-from .verify import (
-    VerifyError,
-    judge,
-    parity_metrics,
-    thresholds_for,
-    tokenizer_agreement,
-    verification_prompts,
-)
+from .verify import VerifyError, backend_fidelity, verify_runner
 
 STAGES = ("load", "trace", "quantise", "lower", "verify", "write")
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx", ".data", ".bin", ".npz")
@@ -212,52 +203,6 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
     }
 
 
-def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
-                  step: Callable[[str], None]) -> dict[str, Any]:
-    """Parity of `runner` against the float reference of `source` (see pipeline/verify.py)."""
-    from arkinfer.pipeline.reference_runner import ReferenceRunner
-
-    step("load the float reference")
-    reference = ReferenceRunner(source)
-    prompts = verification_prompts(reference.tokenizer, read_config(source))
-    metrics = parity_metrics(reference, runner, prompts, step)
-    metrics["tokenizer_agreement"] = tokenizer_agreement(reference.tokenizer, runner)
-    thresholds = thresholds_for(recipe, dtype, threshold_overrides)
-    failures = judge(metrics, thresholds)
-    if metrics["tokenizer_agreement"] < 1.0:
-        failures.append(f"tokenizer_agreement {metrics['tokenizer_agreement']:.2f} < 1.0 (the "
-                        "artifact's runtime tokenises the prompts differently)")
-    return {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,
-            "failures": failures, "prompt_lengths": [len(p) for p in prompts]}
-
-
-def backend_fidelity(backend, artifact: Path, runner, step) -> dict[str, Any] | None:
-    """The backend's runtime against ArkInfer's reference model over the *same* quantised weights
-    (the backend's `reference_weights(artifact)`: e.g. the Marlin checkpoint of a tensorrt
-    artifact, or the GGUF file itself): isolates lowering/runtime error from quantisation error.
-    Gate: top-1 agreement >= the backend's `fidelity_top1` (default 0.99). None when the backend
-    has no reference weights (the reference backend: its runtime is the reference)."""
-    weights = backend.reference_weights(artifact)
-    if weights is None:
-        return None
-    from arkinfer.pipeline.reference_runner import ReferenceRunner
-
-    step(f"load the quantised reference ({Path(weights).name})")
-    quantised = ReferenceRunner(weights)
-    prompts = verification_prompts(quantised.tokenizer, read_config(quantised.ckpt.path))
-    m = parity_metrics(quantised, runner, prompts, step)
-    need = float(backend.fidelity_top1)
-    out = {"reference_weights": Path(weights).relative_to(artifact).as_posix()
-           if Path(weights).is_relative_to(artifact) else str(weights),
-           "top1_agreement": m["top1_agreement"], "mean_kl": m["mean_kl"],
-           "max_abs_logit_diff": m["max_abs_logit_diff"], "threshold_top1": need,
-           "passed": m["top1_agreement"] >= need}
-    if not out["passed"]:
-        out["failure"] = (f"fidelity top1_agreement {m['top1_agreement']:.4f} < threshold {need} "
-                          f"(runtime vs the reference model on the same quantised weights)")
-    return out
-
-
 def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[str, Any], Path]:
     if plan.recipe is None:
         return {"scheme": plan.quant, "dtype": plan.dtype, "recipe": None, "calibration": None,
@@ -273,7 +218,9 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
     eos = eos[0] if isinstance(eos, list) and eos else eos
     c = plan.calib
     data = load_calibration(ckpt.tokenizer, c.path, c.samples, c.seq_len, c.seed,
-                            eos if isinstance(eos, int) else None)
+                            eos if isinstance(eos, int) else None,
+                            max_positions=ckpt.config.max_position_embeddings,
+                            hidden_size=ckpt.config.hidden_size)
     rep.step(f"calibration {data.samples} x {data.seq_len} tokens")
     run = calibrate(ckpt, plan.recipe, data, work / "calib", progress=rep.blocks)
     folder = export_folder(run, work / "quantised")

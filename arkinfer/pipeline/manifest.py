@@ -5,23 +5,30 @@
     problems = check_files(folder, manifest)   # [] or ["model.gguf: sha256 differs ...", ...]
 
 `files` maps every artifact file except the manifest itself (POSIX paths relative to the
-artifact folder) to {"sha256", "bytes"}. The schema (arkinfer/pipeline/manifest.schema.json)
-documents every field; bump SCHEMA_VERSION when a field changes meaning.
+artifact folder) to {"sha256", "bytes"}. A path read from a manifest must stay inside the artifact
+folder (`arkinfer.paths.resolve_inside`: no absolute path, no `..`, no symlink leaving it) and only
+regular files are opened, so an edited manifest cannot make ArkInfer read or hash other files.
+The schema (arkinfer/pipeline/manifest.schema.json) documents every field; bump SCHEMA_VERSION
+when a field changes meaning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from arkinfer.errors import ArkError
+from arkinfer.paths import require_regular_file, resolve_inside
 
 MANIFEST_NAME = "arkinfer.json"
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
+# A manifest is a few KB to a few MB (one entry per quantised layer); anything larger is not one.
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 class ManifestError(ArkError):
@@ -81,18 +88,23 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise ManifestError(f"{folder} is not an artifact folder",
                             hint="give the folder `arkinfer build` wrote (it holds arkinfer.json)")
-    if not path.is_file():
+    if not path.exists():
         raise ManifestError(f"{folder} has no {MANIFEST_NAME}; it is not an ArkInfer artifact "
                             "(or its build did not finish)", hint="build it with `arkinfer build`")
+    require_regular_file(path, "the artifact manifest", ManifestError)
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path} is {path.stat().st_size} bytes; a manifest is at most "
+                            f"{MAX_MANIFEST_BYTES >> 20} MiB",
+                            hint="the file is damaged or not a manifest; rebuild the artifact")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path} is not valid JSON: {exc}",
+    except (ValueError, RecursionError) as exc:  # JSON, UTF-8, over-long integer literals
+        raise ManifestError(f"{path} is not valid JSON: {str(exc)[:200]}",
                             hint="the file is damaged; rebuild the artifact") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if version != SCHEMA_VERSION:
-        raise ManifestError(f"{path} has schema_version {version!r}; this ArkInfer reads "
-                            f"version {SCHEMA_VERSION}",
+        raise ManifestError(f"{path} has schema_version {repr(version)[:60]}; this ArkInfer "
+                            f"reads version {SCHEMA_VERSION}",
                             hint="rebuild the artifact with this ArkInfer, or use the ArkInfer "
                             "version that wrote it")
     validate(data, str(path))
@@ -104,14 +116,22 @@ def check_files(folder: Path, manifest: dict[str, Any], progress=None) -> list[s
     problems = []
     expected = manifest["files"]
     for rel, info in expected.items():
-        path = folder / rel
-        if not path.is_file():
+        path = resolve_inside(folder, rel, f"the `files` list of {folder / MANIFEST_NAME}")
+        try:
+            st = path.stat()
+        except FileNotFoundError:
             problems.append(f"{rel}: missing")
+            continue
+        except OSError as exc:
+            problems.append(f"{rel}: cannot be read ({exc.strerror or exc})")
+            continue
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the hash forever
+            problems.append(f"{rel}: not a regular file")
             continue
         if progress is not None:
             progress(f"hash {rel}")
-        if path.stat().st_size != info["bytes"]:
-            problems.append(f"{rel}: {path.stat().st_size} bytes, manifest says {info['bytes']}")
+        if st.st_size != info["bytes"]:
+            problems.append(f"{rel}: {st.st_size} bytes, manifest says {info['bytes']}")
         elif sha256_file(path) != info["sha256"]:
             problems.append(f"{rel}: sha256 differs from the manifest (the file was changed or "
                             "corrupted)")

@@ -14,6 +14,7 @@ import torch
 
 from arkinfer.backend import RunnerBase
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
+from arkinfer.generate import forward_checked
 
 
 class ReferenceRunner(RunnerBase):
@@ -47,7 +48,8 @@ class ReferenceRunner(RunnerBase):
     def _step(self, ids: list[int]) -> torch.Tensor:
         x = torch.tensor([ids], dtype=torch.long)
         positions = torch.arange(self._pos, self._pos + len(ids))
-        logits, self._cache = self.model(x, positions, self._cache)
+        logits, self._cache = forward_checked(self.model, x, positions, self._cache,
+                                              f"the reference model of {self.ckpt.path}")
         self._pos += len(ids)
         return logits[0].float()
 

@@ -26,6 +26,7 @@ InfLLM v2 is exercised when dense_len allows.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from arkinfer.errors import ArkError
+from arkinfer.frontend.checkpoint import read_config
 from arkinfer.generate import exp_nll, require_finite
 
 EVAL_TEXT = Path(__file__).resolve().parents[1] / "data" / "corpus_eval.txt"
@@ -229,4 +231,50 @@ def recorded_mismatches(recorded: Any, measured: dict[str, Any]) -> list[dict[st
         number = isinstance(rec, int | float) and not isinstance(rec, bool)
         if not number or not math.isclose(rec, meas, rel_tol=0.05, abs_tol=0.005):
             out.append({"metric": name, "recorded": rec, "measured": meas})
+    return out
+
+
+def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
+                  step: Callable[[str], None]) -> dict[str, Any]:
+    """Parity of `runner` against the float reference of `source` (see pipeline/verify.py)."""
+    from arkinfer.pipeline.reference_runner import ReferenceRunner
+
+    step("load the float reference")
+    reference = ReferenceRunner(source)
+    prompts = verification_prompts(reference.tokenizer, read_config(source))
+    metrics = parity_metrics(reference, runner, prompts, step)
+    metrics["tokenizer_agreement"] = tokenizer_agreement(reference.tokenizer, runner)
+    thresholds = thresholds_for(recipe, dtype, threshold_overrides)
+    failures = judge(metrics, thresholds)
+    if metrics["tokenizer_agreement"] < 1.0:
+        failures.append(f"tokenizer_agreement {metrics['tokenizer_agreement']:.2f} < 1.0 (the "
+                        "artifact's runtime tokenises the prompts differently)")
+    return {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,
+            "failures": failures, "prompt_lengths": [len(p) for p in prompts]}
+
+
+def backend_fidelity(backend, artifact: Path, runner, step) -> dict[str, Any] | None:
+    """The backend's runtime against ArkInfer's reference model over the *same* quantised weights
+    (the backend's `reference_weights(artifact)`: e.g. the Marlin checkpoint of a tensorrt
+    artifact, or the GGUF file itself): isolates lowering/runtime error from quantisation error.
+    Gate: top-1 agreement >= the backend's `fidelity_top1` (default 0.99). None when the backend
+    has no reference weights (the reference backend: its runtime is the reference)."""
+    weights = backend.reference_weights(artifact)
+    if weights is None:
+        return None
+    from arkinfer.pipeline.reference_runner import ReferenceRunner
+
+    step(f"load the quantised reference ({Path(weights).name})")
+    quantised = ReferenceRunner(weights)
+    prompts = verification_prompts(quantised.tokenizer, read_config(quantised.ckpt.path))
+    m = parity_metrics(quantised, runner, prompts, step)
+    need = float(backend.fidelity_top1)
+    out = {"reference_weights": Path(weights).relative_to(artifact).as_posix()
+           if Path(weights).is_relative_to(artifact) else str(weights),
+           "top1_agreement": m["top1_agreement"], "mean_kl": m["mean_kl"],
+           "max_abs_logit_diff": m["max_abs_logit_diff"], "threshold_top1": need,
+           "passed": m["top1_agreement"] >= need}
+    if not out["passed"]:
+        out["failure"] = (f"fidelity top1_agreement {m['top1_agreement']:.4f} < threshold {need} "
+                          f"(runtime vs the reference model on the same quantised weights)")
     return out

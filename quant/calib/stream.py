@@ -13,7 +13,9 @@
    `progress(i, n_layers, seconds)` is called;
 4. with `resume=True` a work dir whose `run.json` key matches (source, config, recipe, options,
    calibration hash, batch) continues after the last block whose inputs were saved; the result
-   is identical to an uninterrupted run (same ops in the same order on the same inputs);
+   is identical to an uninterrupted run (same ops in the same order on the same inputs). Every
+   work file gets a `<name>.sha256` sidecar when it is written, and resume checks the files it
+   reuses against them: a changed or corrupted file is an error, never silently used;
 5. `lm_head` (only when the recipe does not skip it) is quantised last from the final normed
    hidden states.
 
@@ -113,9 +115,37 @@ def load_info(path: Path) -> dict:
 
 
 def _atomic_save(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+    """Write `path` (temp name + rename) and its sha256 sidecar. A crash between the two leaves a
+    sidecar that does not match, which resume reports instead of using the file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
     save_file(tensors, str(tmp), metadata=metadata)
+    digest = _sha256(tmp)
     os.replace(tmp, path)
+    sidecar = _sidecar(path)
+    tmp = sidecar.with_name(f".{sidecar.name}.{os.getpid()}.part")
+    tmp.write_text(digest + "\n")
+    os.replace(tmp, sidecar)
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_work_file(path: Path) -> None:
+    """Raise QuantError unless `path` matches the sha256 recorded in its sidecar when written."""
+    sidecar = _sidecar(path)
+    recorded = sidecar.read_text().strip() if sidecar.is_file() else None
+    if recorded is None or recorded != _sha256(path):
+        why = ("has no recorded sha256" if recorded is None else
+               "does not match the sha256 recorded when it was written (changed or corrupted)")
+        raise QuantError(f"work file {path} {why}; --resume does not use it and stops here",
+                         f"rerun without --resume to recompute every block (the work folder "
+                         f"{path.parent} is then rewritten)")
 
 
 def block_file(work_dir: Path, i: int) -> Path:
@@ -162,11 +192,14 @@ def _start_point(work_dir: Path, key: str, resume: bool, n_layers: int) -> tuple
                              "recipe, options or calibration data)",
                              f"rerun without --resume to start over, or delete {work_dir}")
         if hidden.is_file():
+            check_work_file(hidden)
             with safe_open(str(hidden), framework="pt") as f:
                 after = int(f.metadata()["after_block"])
                 x = f.get_tensor("hidden")
             missing = [i for i in range(after + 1) if not block_file(work_dir, i).is_file()]
             if not missing:
+                for i in range(after + 1):
+                    check_work_file(block_file(work_dir, i))
                 return after + 1, x
         return 0, None
     if work_dir.exists():

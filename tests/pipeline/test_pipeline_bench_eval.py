@@ -20,7 +20,7 @@ LLAMA_BENCH = ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "samples_t
 def test_bench_json_has_llama_bench_fields_and_plot_renders(demo_artifact, tmp_path):
     png = tmp_path / "bench.png"
     res = runner.invoke(app, ["bench", str(demo_artifact), "-p", "32", "-n", "4", "-d", "0,64",
-                              "-r", "2", "--attention", "both", "-o", "json", "--plot", str(png)])
+                              "-r", "2", "--attention", "both", "--json", "--plot", str(png)])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout[res.stdout.index("["):])
     assert len(rows) == 2 * 2 * 2  # attention x depth x (pp, tg)
@@ -39,7 +39,7 @@ def test_bench_json_has_llama_bench_fields_and_plot_renders(demo_artifact, tmp_p
 
 def test_bench_csv_and_markdown(demo_artifact):
     res = runner.invoke(app, ["bench", str(demo_artifact), "-p", "16", "-n", "2", "-r", "1",
-                              "--warmup", "0", "-o", "csv"])
+                              "--warmup", "0", "--format", "csv"])
     assert res.exit_code == 0, res.output
     header = res.stdout.splitlines()[0].split(",")
     assert "avg_ts" in header and "n_depth" in header

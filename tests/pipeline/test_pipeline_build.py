@@ -70,9 +70,9 @@ def test_corrupting_one_byte_fails_verify_naming_the_file(demo_artifact, tmp_pat
 def test_impossible_threshold_fails_build_and_leaves_nothing(tmp_path):
     out = tmp_path / "dist" / "bad"
     res = runner.invoke(app, ["build", "--quant", "q8_0", "--samples", "4", "--seq-len", "64",
-                              "-o", str(out), "--threshold", "top1=1.01"])
+                              "-o", str(out), "--threshold", "kl=0"])
     assert res.exit_code == 1
-    assert "top1_agreement" in res.output and "1.01" in res.output
+    assert "mean_kl" in res.output and "> threshold 0.0" in res.output
     assert not out.exists()
     assert list(out.parent.iterdir()) == []  # no staging or work folders either
 
