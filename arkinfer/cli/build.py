@@ -96,6 +96,10 @@ def command(
     samples: Annotated[int, typer.Option("--samples", help="Calibration sequences.")] = 128,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per calibration sequence.")
                        ] = 512,
+    report: Annotated[bool, typer.Option(
+        "--report", help="RTN / ternary: calibrate anyway to record each layer's SNR in the "
+        "manifest (costs a forward over --samples x --seq-len tokens; e.g. --samples 16 "
+        "--seq-len 256). Without it they quantise from the weights alone, in seconds.")] = False,
     threshold: Annotated[list[str] | None, typer.Option(
         "--threshold", help="Override a parity threshold: top1=, kl= or ppl_delta= "
         "(repeatable).")] = None,
@@ -117,7 +121,8 @@ def command(
             raise ArkError(f"--option {item!r} is not KEY=VALUE", hint="e.g. --option mix=q4_k")
         options[key] = value
     plan = resolve_plan(model, target=target, quant=quant, backend=backend, out=out,
-                        calib=CalibSettings(calib, samples, seq_len), options=options,
+                        calib=CalibSettings(calib, samples, seq_len, report=report),
+                        options=options,
                         force=force)
     if not json_out:
         print_kv("build plan", plan.describe())

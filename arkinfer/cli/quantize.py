@@ -109,6 +109,10 @@ def command(
     quantize_lm_head: Annotated[bool, typer.Option("--quantize-lm-head",
                                                    help="Quantise lm_head too.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run.")] = False,
+    report: Annotated[bool, typer.Option(
+        "--report", help="RTN / ternary: calibrate anyway to measure each layer's SNR (costs a "
+        "forward over --samples x --seq-len tokens). Without it they need no calibration.")
+    ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Fail when the format cannot take a "
                                          "layer.")] = False,
     work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Per-block results "
@@ -119,6 +123,7 @@ def command(
     from arkinfer.errors import ArkError
     from arkinfer.frontend.checkpoint import open_checkpoint
     from arkinfer.quant.calib.stream import calibrate
+    from arkinfer.quant.calib.weight_only import is_weight_only, quantize_weight_only
     from arkinfer.quant.calib_data import load_calibration
     from arkinfer.quant.export import check_quantised_output, export_folder
     from arkinfer.resolve import fit_recipe
@@ -132,33 +137,44 @@ def command(
         recipe, notes = fit_recipe(recipe, ckpt.raw_config)
         for note in notes:
             err_console.print(f"note: {note}", markup=False)
-    if ckpt.tokenizer is None:
-        raise ArkError(f"{ckpt.path} has no tokenizer.json; calibration text must be tokenised",
-                       hint="add the model's tokenizer.json to the folder")
-    eos = ckpt.config.eos_token_id
-    eos = eos[0] if isinstance(eos, list) and eos else eos
-    data = load_calibration(ckpt.tokenizer, calib, samples, seq_len, seed,
-                            eos if isinstance(eos, int) else None,
-                            max_positions=ckpt.config.max_position_embeddings,
-                            hidden_size=ckpt.config.hidden_size)
     options: dict = {"damp": damp} if damp is not None else {}
     if static_groups:
         options.update(static_groups=True, act_order=act_order)
     work = work_dir or out.with_name(out.name + ".work")
-    if json_out:
-        run = calibrate(ckpt, recipe, data, work, options=options, resume=resume, strict=strict)
+    if is_weight_only(recipe) and not report:  # RTN / ternary: from the weights alone
+        what = f"quantising {ckpt.path.name}: {recipe.describe()}, no calibration"
+
+        def run_it(progress=None):
+            return quantize_weight_only(ckpt, recipe, work, options=options, strict=strict,
+                                        progress=progress)
     else:
-        err_console.print(f"quantising {ckpt.path.name}: {recipe.describe()}, calibration "
-                          f"{data.samples} x {data.seq_len} tokens ({data.settings['source']})")
+        if ckpt.tokenizer is None:
+            raise ArkError(f"{ckpt.path} has no tokenizer.json; calibration text must be "
+                           "tokenised", hint="add the model's tokenizer.json to the folder")
+        eos = ckpt.config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        data = load_calibration(ckpt.tokenizer, calib, samples, seq_len, seed,
+                                eos if isinstance(eos, int) else None,
+                                max_positions=ckpt.config.max_position_embeddings,
+                                hidden_size=ckpt.config.hidden_size)
+        what = (f"quantising {ckpt.path.name}: {recipe.describe()}, calibration "
+                f"{data.samples} x {data.seq_len} tokens ({data.settings['source']})")
+
+        def run_it(progress=None):
+            return calibrate(ckpt, recipe, data, work, options=options, resume=resume,
+                             strict=strict, progress=progress)
+    if json_out:
+        run = run_it()
+    else:
+        err_console.print(what, markup=False)
         with _progress_bar() as bar:
-            task = bar.add_task("calibrate", total=ckpt.config.num_hidden_layers, info="")
+            task = bar.add_task("quantise", total=ckpt.config.num_hidden_layers, info="")
 
             def progress(layer: int, n_layers: int, seconds: float) -> None:
                 bar.update(task, completed=layer + 1, total=n_layers,
                            info=f"block {layer} took {seconds:.1f} s")
 
-            run = calibrate(ckpt, recipe, data, work, options=options, resume=resume,
-                            strict=strict, progress=progress)
+            run = run_it(progress)
     folder = export_folder(run, out, force=force)
     summary = json.loads((folder / "quant_summary.json").read_text())
     if json_out:

@@ -211,18 +211,22 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
     from dataclasses import asdict
 
     from arkinfer.quant.calib.stream import calibrate
+    from arkinfer.quant.calib.weight_only import quantize_weight_only
     from arkinfer.quant.calib_data import load_calibration
     from arkinfer.quant.export import SUMMARY_NAME, export_folder
 
-    eos = ckpt.config.eos_token_id
-    eos = eos[0] if isinstance(eos, list) and eos else eos
     c = plan.calib
-    data = load_calibration(ckpt.tokenizer, c.path, c.samples, c.seq_len, c.seed,
-                            eos if isinstance(eos, int) else None,
-                            max_positions=ckpt.config.max_position_embeddings,
-                            hidden_size=ckpt.config.hidden_size)
-    rep.step(f"calibration {data.samples} x {data.seq_len} tokens")
-    run = calibrate(ckpt, plan.recipe, data, work / "calib", progress=rep.blocks)
+    if c.needed(plan.recipe):
+        eos = ckpt.config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        data = load_calibration(ckpt.tokenizer, c.path, c.samples, c.seq_len, c.seed,
+                                eos if isinstance(eos, int) else None,
+                                max_positions=ckpt.config.max_position_embeddings,
+                                hidden_size=ckpt.config.hidden_size)
+        rep.step(f"calibration {data.samples} x {data.seq_len} tokens")
+        run = calibrate(ckpt, plan.recipe, data, work / "calib", progress=rep.blocks)
+    else:  # RTN / ternary: tensor by tensor from the weights, no activations
+        run = quantize_weight_only(ckpt, plan.recipe, work / "calib", progress=rep.blocks)
     folder = export_folder(run, work / "quantised")
     summary = json.loads((folder / SUMMARY_NAME).read_text(encoding="utf-8"))
     layers = {}

@@ -23,12 +23,21 @@ from arkinfer.resolve import resolve
 
 @dataclass(frozen=True)
 class CalibSettings:
-    """Calibration text (None = the shipped corpus_train.txt), sequences and their length."""
+    """Calibration text (None = the shipped corpus_train.txt), sequences and their length.
+    Weight-only recipes (RTN, ternary) use none of it unless `report` asks for the per-layer SNR
+    report, which needs activations."""
 
     path: Path | None = None
     samples: int = 128
     seq_len: int = 512
     seed: int = 0
+    report: bool = False
+
+    def needed(self, recipe: Any) -> bool:
+        """True when a build with `recipe` runs calibration."""
+        from arkinfer.quant.calib.weight_only import is_weight_only
+
+        return recipe is not None and (self.report or not is_weight_only(recipe))
 
 
 @dataclass
@@ -57,7 +66,9 @@ class BuildPlan:
                 ("target", f"{self.target.id} ({self.target.name})"),
                 ("backend", self.backend),
                 ("quant", f"{self.quant}: {recipe}"),
-                ("calibration", calib if self.recipe is not None else "-"),
+                ("calibration", calib if self.calib.needed(self.recipe) else
+                 "none (weight-only recipe: codes from the weights alone)"
+                 if self.recipe is not None else "-"),
                 ("output", str(self.out))]
 
     def as_dict(self) -> dict[str, Any]:
@@ -67,7 +78,8 @@ class BuildPlan:
                 "dtype": self.dtype, "out": str(self.out),
                 "calibration": {"path": str(self.calib.path) if self.calib.path else None,
                                 "samples": self.calib.samples, "seq_len": self.calib.seq_len,
-                                "seed": self.calib.seed},
+                                "seed": self.calib.seed,
+                                "used": self.calib.needed(self.recipe)},
                 "options": self.options, "notes": self.notes}
 
 
