@@ -4,7 +4,7 @@ One canonical quantised weight (`QuantizedWeight`: codes, scales, zeros, bits, g
 g_idx) is produced by a calibrator (`quantize_rtn`, `quantize_ternary`; GPTQ/AWQ in calib/) and
 repacked losslessly by a storage format (`formats.get_format(name).pack(qw)`), or refused with a
 reason. A `QuantRecipe` names the pair; `get_preset("marlin")` etc. give the usual ones.
-Algorithms and byte layouts: specs/quant.md.
+Algorithms and byte layouts: docs/quant.md.
 """
 
 from .formats import FormatError, all_formats, get_format

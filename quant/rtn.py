@@ -1,4 +1,4 @@
-"""Uniform round-to-nearest quantiser (specs/quant.md §1): the shared primitive GPTQ/AWQ reuse.
+"""Uniform round-to-nearest quantiser (docs/quant.md §1): the shared primitive GPTQ/AWQ reuse.
 
 Per row of a group `w_group` `[rows, cols]`:
 

@@ -1,4 +1,4 @@
-"""Ternary (BitNet b1.58 / BitCPM) post-training quantiser, specs/quant.md §5 (absmean).
+"""Ternary (BitNet b1.58 / BitCPM) post-training quantiser, docs/quant.md §5 (absmean).
 
 Per scope (a group of `group_size` input columns of a row, a whole row, or the whole tensor):
 

@@ -1,5 +1,5 @@
-"""The latency model against numbers computed by hand from specs/targets.md and
-specs/minicpm4.md (MiniCPM4.1-8B: hidden 4096, 32 layers, 32 q / 2 kv heads x 128, intermediate
+"""The latency model against numbers computed by hand from docs/targets.md and
+docs/model.md (MiniCPM4.1-8B: hidden 4096, 32 layers, 32 q / 2 kv heads x 128, intermediate
 16384, vocab 73448, untied lm_head, bf16)."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_decode_at_4k_is_37ish_and_exact(marlin, orin):
     assert p.decode.bytes == step
     assert p.decode_tok_s == pytest.approx(0.79 * 204.8e9 / step, rel=1e-12)  # 34.8 tok/s
     assert p.bound == "bandwidth"
-    # specs/targets.md: "~4.4 GB per decode step -> AGX Orin (η 0.8) ≈ 37 tok/s at short context"
+    # docs/targets.md: "~4.4 GB per decode step -> AGX Orin (η 0.8) ≈ 37 tok/s at short context"
     assert 37 * 0.9 < p.decode_tok_s < 37 * 1.1
     short = predict(marlin, orin, ctx=0, prompt=1)
     assert 37 * 0.95 < short.decode_tok_s < 37 * 1.05
@@ -75,7 +75,7 @@ def test_sparse_drops_much_less_than_dense_from_4k_to_128k(marlin, orin):
     # KV read at 128K: dense 2·L·kv·D·ctx·2; InfLLM v2 L·kv·D·2·(2·6144 + ctx/16 + ctx/64)
     assert marlin.kv_read_bytes(131072, False) == 32 * 1024 * 131072
     assert marlin.kv_read_bytes(131072, True) == L * 2 * D * 2 * (2 * 6144 + 8192 + 2048)
-    # specs/infllmv2.md §8: "~12x at 128K and ~4.5x at 32K" for decode attention
+    # docs/infllmv2.md §8: "~12x at 128K and ~4.5x at 32K" for decode attention
     assert marlin.kv_read_bytes(131072, False) / marlin.kv_read_bytes(131072, True) == \
         pytest.approx(11.6, abs=0.1)
     assert marlin.kv_read_bytes(32768, False) / marlin.kv_read_bytes(32768, True) == \

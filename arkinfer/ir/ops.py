@@ -26,7 +26,7 @@ its quant annotation when it has one. Every op's meaning is defined by `arkinfer
 LongRoPE (`rope`/`rope_table` with the `*_long` attributes): when `length` (a dim expression, the
 total length cache + new tokens of the call) exceeds `long_after`, the long table is used, else
 the short one (MiniCPM's `original_max_position_embeddings` rule). `attention` with a
-`sparse_config` is InfLLM v2: dense while S < dense_len, sparse from there on (specs/infllmv2.md).
+`sparse_config` is InfLLM v2: dense while S < dense_len, sparse from there on (docs/infllmv2.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Latency model: what a model costs per token (`ModelCost`) and how fast it runs on a target
-(`predict`, the roofline of specs/targets.md). `host_target()` is the `host` profile filled with
+(`predict`, the roofline of docs/targets.md). `host_target()` is the `host` profile filled with
 this machine's measured numbers (`arkinfer doctor`).
 
     cost = ModelCost.from_config(raw_config, quant="marlin", headers=None)

@@ -14,7 +14,7 @@ quant preset packs each decoder linear in the recipe's format (latency/storage.p
 recipe skips it or the format refuses its shape, and keeps every other tensor in its source dtype
 (quant/export.py does the same). lm_head is quantised only when the recipe does not skip it.
 
-Per decode step the device reads (specs/targets.md): every linear + lm_head + norms/biases + one
+Per decode step the device reads (docs/targets.md): every linear + lm_head + norms/biases + one
 embedding row + the KV cache (see `kv_read_bytes`); FLOPs 2 · (linear + lm_head parameters).
 """
 

@@ -25,7 +25,7 @@ from arkinfer.resolve import FLOAT_SCHEMES, resolve
 CONTEXTS = (4096, 32768, 131072)
 # Backends that run a sparse_config model with dense attention only.
 DENSE_ONLY = {"gguf": "llama.cpp runs MiniCPM with dense attention; sparse_config is kept as "
-                      "metadata only (specs/infllmv2.md §7)"}
+                      "metadata only (docs/infllmv2.md §7)"}
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The roofline latency model of specs/targets.md, batch 1, on one target profile.
+"""The roofline latency model of docs/targets.md, batch 1, on one target profile.
 
     p = predict(cost, target, ctx=4096, prompt=512, attention="sparse")
     p.decode_tok_s, p.prefill_tok_s, p.ttft_s, p.bound, p.fits, p.as_dict()
@@ -210,7 +210,7 @@ def predict(cost: ModelCost, target: Any, *, ctx: int = 4096, prompt: int = 512,
                           hint="sparse (InfLLM v2) needs a config with sparse_config")
     if attention == "sparse" and cost.sparse is None:
         raise ConfigError(f"attention='sparse' but {cost.source} has no sparse_config",
-                          hint="use attention='dense', or add sparse_config (specs/infllmv2.md)")
+                          hint="use attention='dense', or add sparse_config (docs/infllmv2.md)")
     if ctx < 0 or prompt < 0 or depth < 0:
         raise ConfigError(f"ctx={ctx}, prompt={prompt}, depth={depth}: token counts must not be "
                           "negative", hint="prompt=0 predicts decode only")

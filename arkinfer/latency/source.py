@@ -16,7 +16,7 @@ from arkinfer.errors import ConfigError
 from arkinfer.models.configs import MINICPM4_1_8B, SPARSE_CONFIG_4_1
 
 # MiniCPM4.1-8B as deployed with InfLLM v2: the released config plus the sparse_config users add
-# (specs/minicpm4.md §1, specs/infllmv2.md §1).
+# (docs/model.md §1, docs/infllmv2.md §1).
 KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "minicpm4.1-8b": {**MINICPM4_1_8B, "sparse_config": dict(SPARSE_CONFIG_4_1)},
     "minicpm4.1-8b-dense": dict(MINICPM4_1_8B),

@@ -1,4 +1,4 @@
-"""Calibration: how codes and scales are chosen from activations (specs/quant.md §2-§5).
+"""Calibration: how codes and scales are chosen from activations (docs/quant.md §2-§5).
 
     from arkinfer.quant.calib import GPTQConfig, handler_for, gptq_quantize
     res = gptq_quantize(w, H, bits=4, group_size=128, act_order=True)   # one layer

@@ -1,4 +1,4 @@
-"""AWQ, activation-aware weight quantisation (Lin et al.; llm-awq / AutoAWQ), specs/quant.md §4.
+"""AWQ, activation-aware weight quantisation (Lin et al.; llm-awq / AutoAWQ), docs/quant.md §4.
 
 Per decoder block, on the float block's activations:
 

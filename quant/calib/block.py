@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .hessian import HessianAccumulator
 
-# True-sequential order (specs/quant.md §2): linears of one group share their input.
+# True-sequential order (docs/quant.md §2): linears of one group share their input.
 SEQUENTIAL_GROUPS: tuple[tuple[str, ...], ...] = (
     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     ("self_attn.o_proj",),

@@ -1,4 +1,4 @@
-"""GPTQ (Frantar et al., reference `IST-DASLab/gptq`), specs/quant.md §2.
+"""GPTQ (Frantar et al., reference `IST-DASLab/gptq`), docs/quant.md §2.
 
 `gptq_quantize(w, H, ...)` quantises one linear layer given its Hessian `H = (2/N) Σ x xᵀ`:
 

@@ -7,7 +7,7 @@
     acc = HessianAccumulator(in_features, prefix_cap=10.0)      # P-GPTQ
     acc.add(x, body); acc.add_prefix(x, prefix)                  # prefix_split(mask, s)
 
-`keep` is how padding is masked. P-GPTQ (specs/quant.md §3) treats the first `s` positions of
+`keep` is how padding is masked. P-GPTQ (docs/quant.md §3) treats the first `s` positions of
 every sequence apart (`prefix_split`): with `prefix_cap=0` they are left out of H (the literal
 MiniCPM4 rule, = `prefix_mask`); with `prefix_cap=c > 0` each prefix token `p` enters H rescaled
 to at most `c` times the RMS norm of the other tokens, `p · min(1, c·rms / ‖p‖)` with
@@ -28,7 +28,7 @@ from ..weight import QuantError
 
 def prefix_mask(mask: torch.Tensor, skip: int) -> torch.Tensor:
     """bool [B, T]: `mask` with the first `skip` positions of every sequence set False
-    (P-GPTQ, specs/quant.md §3). `skip=0` returns `mask` unchanged."""
+    (P-GPTQ, docs/quant.md §3). `skip=0` returns `mask` unchanged."""
     if skip < 0:
         raise QuantError(f"prefix skip={skip} is negative", "use 0 (GPTQ) or a positive count")
     if skip == 0:

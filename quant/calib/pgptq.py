@@ -1,4 +1,4 @@
-"""P-GPTQ, prefix-aware GPTQ (MiniCPM4 technical report §4.1.2; specs/quant.md §3).
+"""P-GPTQ, prefix-aware GPTQ (MiniCPM4 technical report §4.1.2; docs/quant.md §3).
 
 Identical to GPTQ except the Hessian: the first `prefix_skip` positions (default 4) of every
 calibration sequence are treated apart, padding is masked. Those positions (the BOS / first token,

@@ -22,7 +22,7 @@ from .block import SEQUENTIAL_GROUPS, BlockRunner
 
 @dataclass(frozen=True)
 class RTNConfig:
-    """Round-to-nearest per group (specs/quant.md §1)."""
+    """Round-to-nearest per group (docs/quant.md §1)."""
 
     bits: int = 4
     group_size: int = 128
@@ -31,7 +31,7 @@ class RTNConfig:
 
 @dataclass(frozen=True)
 class TernaryConfig:
-    """Absmean ternary (specs/quant.md §5): an int group size, "row" or "tensor"."""
+    """Absmean ternary (docs/quant.md §5): an int group size, "row" or "tensor"."""
 
     group_size: TernaryScope = "row"
 

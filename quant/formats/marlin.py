@@ -1,4 +1,4 @@
-"""Marlin (IST-DASLab/marlin; vLLM `marlin` / gptq_marlin), specs/quant.md §6.
+"""Marlin (IST-DASLab/marlin; vLLM `marlin` / gptq_marlin), docs/quant.md §6.
 
 4-bit symmetric (implicit zero 8), fp16 activations, sm80+. With k = in_features, n = out_features
 and codes `w_int` [k, n] (= canonical codes transposed):

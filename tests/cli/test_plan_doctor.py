@@ -48,7 +48,7 @@ def test_plan_minicpm_on_orin_int4_json(app):
     assert (data["backend"], data["quant"], data["fits"]) == ("tensorrt", "marlin", True)
     rows = {(p["ctx"], p["attention"]): p for p in data["predictions"]}
     assert set(rows) == {(c, a) for c in (4096, 32768, 131072) for a in ("dense", "sparse")}
-    assert 33 < rows[4096, "dense"]["decode_tok_s"] < 41  # specs/targets.md: ~37 tok/s
+    assert 33 < rows[4096, "dense"]["decode_tok_s"] < 41  # docs/targets.md: ~37 tok/s
     assert rows[131072, "sparse"]["decode_tok_s"] > 1.5 * rows[131072, "dense"]["decode_tok_s"]
     assert rows[131072, "sparse"]["decode_attention"] == "sparse"
     assert data["cost"]["kv_bytes_per_token"] == 32768

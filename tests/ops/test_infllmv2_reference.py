@@ -1,4 +1,4 @@
-"""InfLLM v2 reference pieces against hand-computed cases (specs/infllmv2.md §1-§5)."""
+"""InfLLM v2 reference pieces against hand-computed cases (docs/infllmv2.md §1-§5)."""
 
 from __future__ import annotations
 

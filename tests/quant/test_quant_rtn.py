@@ -1,4 +1,4 @@
-"""The uniform RTN quantiser against a plain loop transcription of specs/quant.md §1, and the
+"""The uniform RTN quantiser against a plain loop transcription of docs/quant.md §1, and the
 canonical weight's validation."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ f32 = np.float32
 
 
 def loop_rtn(w: np.ndarray, bits: int, group: int, sym: bool):
-    """specs/quant.md §1, one scalar at a time in float32 (dead groups as the GPTQ reference)."""
+    """docs/quant.md §1, one scalar at a time in float32 (dead groups as the GPTQ reference)."""
     out, inp = w.shape
     size = inp if group == -1 else group
     maxq = (1 << bits) - 1

@@ -1,4 +1,4 @@
-"""Ternary absmean semantics (specs/quant.md §5) and lossless GGUF TQ1_0 / TQ2_0 export."""
+"""Ternary absmean semantics (docs/quant.md §5) and lossless GGUF TQ1_0 / TQ2_0 export."""
 
 from __future__ import annotations
 

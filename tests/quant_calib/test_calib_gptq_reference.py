@@ -1,5 +1,5 @@
 """GPTQ (blocked, lazy batch updates) equals a plain column-by-column transcription of
-specs/quant.md §2 written here without blocks, and beats RTN on correlated inputs."""
+docs/quant.md §2 written here without blocks, and beats RTN on correlated inputs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""InfLLM v2 trainable sparse attention (MiniCPM4 / MiniCPM4.1), specs/infllmv2.md.
+"""InfLLM v2 trainable sparse attention (MiniCPM4 / MiniCPM4.1), docs/infllmv2.md.
 
 `infllmv2_attention` is the fast CPU implementation a model calls per layer;
 `arkinfer.ops.infllmv2.reference` holds the literal reference every implementation is judged by

@@ -1,5 +1,5 @@
 """What every InfLLM v2 implementation shares: decode state, input checks, the dense path and the
-dense <-> sparse switch (specs/infllmv2.md §5).
+dense <-> sparse switch (docs/infllmv2.md §5).
 
 Layout everywhere: q [B, Hq, T, D] holds the T new queries at absolute positions
 cache_len .. cache_len + T - 1; k, v [B, Hkv, S, D] hold the whole cache including the new keys

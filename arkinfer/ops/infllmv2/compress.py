@@ -1,4 +1,4 @@
-"""Key compression (specs/infllmv2.md §2): parameter-free mean pooling, full and incremental.
+"""Key compression (docs/infllmv2.md §2): parameter-free mean pooling, full and incremental.
 
 Both implementations use this file: compression is O(S * D) either way, and one summation order
 makes incremental decode compression bit-identical to recompressing the whole cache.

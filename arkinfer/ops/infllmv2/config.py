@@ -1,6 +1,6 @@
 """`SparseConfig` — the `sparse_config` block of a MiniCPM4 / MiniCPM4.1 config.json.
 
-Field names are the Hugging Face keys; defaults are MiniCPM4.1's (specs/infllmv2.md §1). The coarse
+Field names are the Hugging Face keys; defaults are MiniCPM4.1's (docs/infllmv2.md §1). The coarse
 compression (kernel 128 / stride 64 with the defaults) has no key of its own: it is always 4x the
 fine one and only approximates the softmax normaliser of stage 1.
 """

@@ -1,4 +1,4 @@
-"""InfLLM v2 reference: the literal, slow definition of specs/infllmv2.md §2-§5.
+"""InfLLM v2 reference: the literal, slow definition of docs/infllmv2.md §2-§5.
 
 Every step is written the way the spec states it (masked dense matrices, loops over blocks, a
 stable sort for the tie-break) so it can be checked by eye; the fast CPU path (`fast.py`) and every

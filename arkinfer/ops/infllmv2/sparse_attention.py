@@ -1,4 +1,4 @@
-"""Fast stage 2 (specs/infllmv2.md §4): block-sparse attention that reads only selected blocks.
+"""Fast stage 2 (docs/infllmv2.md §4): block-sparse attention that reads only selected blocks.
 
 Same result as `reference.block_sparse_attention` (masked dense), organised for the CPU:
   * queries whose idx holds every block up to their own see the whole causal prefix, so they run
