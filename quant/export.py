@@ -3,7 +3,7 @@
     run = calibrate("./model", recipe, calib, work_dir)        # quant.calib.stream
     export_folder(run, "./model-gptq")                         # config.json, shards, summary
 
-Layouts (specs/quant.md §6), tensor names `<linear>.<key>` with the keys of the format's `pack`:
+Layouts (docs/quant.md §6), tensor names `<linear>.<key>` with the keys of the format's `pack`:
 
 - `gptq`   AutoGPTQ / GPTQModel v1: `.qweight .qzeros .scales .g_idx`;
            `quantization_config = {quant_method: "gptq", bits, group_size, sym, desc_act,
@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from arkinfer.frontend.checkpoint import open_checkpoint
 from arkinfer.frontend.safetensors_io import DTYPES
+from arkinfer.frontend.shard_writer import save_safetensors
 from arkinfer.output_folder import check_output, remove_leftovers, replace_folder, staging_path
 
 from .calib.stream import CalibrationRun, block_file, load_weights, release_maps
@@ -153,7 +153,7 @@ def _write_folder(run: CalibrationRun, ckpt, fmt, tmp: Path, t0: float) -> None:
     sample: QuantizedWeight | None = None
 
     def write(shard: int, tensors: dict[str, torch.Tensor]) -> None:
-        save_file(tensors, str(tmp / names[shard]), metadata={"format": "pt"})
+        save_safetensors(tensors, tmp / names[shard], {"format": "pt"})  # 0644, not 0600
         weight_map.update({k: names[shard] for k in tensors})
         tensors.clear()
         release_maps(ckpt)

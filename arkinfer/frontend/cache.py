@@ -1,21 +1,25 @@
 """ArkInfer's on-disk cache ($ARKINFER_CACHE, default ~/.cache/arkinfer) and cached GGUF imports.
 
 A GGUF given where a model folder is expected (`arkinfer run model.gguf`) is imported once into
-`<cache>/imported/<name>-<key>/` and reused while the file (path, size, mtime) and the importer
-version are unchanged. Concurrent callers serialise on lock files in the cache.
+`<cache>/imported/<name>-<key>/` and reused while the file's content and the importer version are
+unchanged. The key is a SHA-256 of the whole file, streamed on every use (about 0.2 s per 100 MB):
+a path, size and mtime key would reuse a stale import of a file edited with its mtime restored.
+Concurrent callers serialise on lock files in the cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
+import shutil
 import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from arkinfer.frontend.gguf_import import IMPORTER_VERSION, ProgressFn, import_gguf
+from arkinfer.errors import GGUFError
+from arkinfer.frontend.gguf_import import (IMPORTER_VERSION, ProgressFn, import_gguf,
+                                           imported_metadata)
+from arkinfer.paths import require_regular_file
 
 
 def cache_dir_path(cache_dir: str | Path | None = None) -> Path:
@@ -42,28 +46,30 @@ def locked(root: Path, name: str) -> Iterator[None]:
 
 
 def _importer_version(folder: Path) -> str | None:
-    """`arkinfer_importer` from the first safetensors header of an imported folder, if any."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files or not (folder / "config.json").is_file():
-        return None
-    try:
-        with open(files[0], "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(min(size, 100 << 20)))
-        return header.get("__metadata__", {}).get("arkinfer_importer")
-    except (OSError, struct.error, ValueError):
-        return None
+    """`arkinfer_importer` recorded in an imported folder's first shard, if any."""
+    meta = imported_metadata(folder)
+    return meta.get("arkinfer_importer") if meta else None
+
+
+def content_key(path: Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 (hex, first 16 digits) of the file's bytes, read in `chunk`-byte pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def cached_import(gguf: Path, out: Path | None = None, progress: ProgressFn | None = None) -> Path:
-    """`gguf` imported (float32) into `out` (default: a folder in the cache keyed by the file)."""
-    gguf = Path(gguf).expanduser().resolve()
+    """`gguf` imported (float32) into `out` (default: a cache folder keyed by the file's content)."""
+    gguf = require_regular_file(Path(gguf).expanduser().resolve(), "GGUF file", GGUFError)
+    in_cache = out is None
     if out is None:
-        st = gguf.stat()
-        key = hashlib.sha256(f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-        out = cache_dir_path() / "imported" / f"{gguf.stem}-{key}"
+        out = cache_dir_path() / "imported" / f"{gguf.stem}-{content_key(gguf)}"
     out.parent.mkdir(parents=True, exist_ok=True)
     with locked(out.parent, f"import-{out.name}"):
         if _importer_version(out) != IMPORTER_VERSION:
+            if in_cache and out.is_dir() and imported_metadata(out) is None:
+                shutil.rmtree(out)  # the cache's own folder, damaged (e.g. half deleted by hand)
             import_gguf(gguf, out, dtype="f32", force=True, progress=progress)
     return out

@@ -13,6 +13,7 @@ NEOX ("rotate half") RoPE in llama.cpp, so their rows are stored unpermuted.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,9 +123,41 @@ def _dims(f: GGUFFile) -> dict[str, int]:
                         "rotary), which ArkInfer's models do not support",
                         hint="only full-rotary Llama-family models can be imported")
     vocab = f.tensors["token_embd.weight"].shape[0] if "token_embd.weight" in f.tensors else 0
-    return {"hidden": hidden, "heads": heads, "kv": kv, "head_dim": head_dim, "vocab": vocab,
+    dims = {"hidden": hidden, "heads": heads, "kv": kv, "head_dim": head_dim, "vocab": vocab,
             "layers": f.get_int(f"{f.arch}.block_count"),
             "ffn": f.get_int(f"{f.arch}.feed_forward_length")}
+    _check_dims(f, dims)
+    return dims
+
+
+# _dims key -> (GGUF metadata key, config.json key whose range applies: models/_config.py)
+_DIM_KEYS = {"hidden": ("embedding_length", "hidden_size"),
+             "heads": ("attention.head_count", "num_attention_heads"),
+             "kv": ("attention.head_count_kv", "num_key_value_heads"),
+             "head_dim": ("attention.key_length", "head_dim"),
+             "layers": ("block_count", "num_hidden_layers"),
+             "ffn": ("feed_forward_length", "intermediate_size")}
+
+
+def _check_dims(f: GGUFFile, dims: dict[str, int]) -> None:
+    """Sizes within config.json's ranges, and block_count equal to the `blk.N.` layers present,
+    before anything is planned or allocated per layer (a block_count of 10^7 over a 2-layer file
+    is one error, not a 7 GB MemoryError)."""
+    from arkinfer.models._config import range_problem
+
+    for name, (gguf_key, hf_key) in _DIM_KEYS.items():
+        problem = range_problem(hf_key, dims[name])
+        if problem:
+            raise GGUFError(f"{f.path.name}: " + problem.replace(
+                f"'{hf_key}'", f"metadata '{f.arch}.{gguf_key}'"), hint="the file's metadata is "
+                "damaged or the model is too large for ArkInfer")
+    found = {int(m.group(1)) for name in f.tensors if (m := re.match(r"blk\.(\d+)\.", name))}
+    if found != set(range(dims["layers"])):
+        held = f"blocks {min(found)}..{max(found)} ({len(found)} distinct)" if found else "no blocks"
+        raise GGUFError(f"{f.path.name}: metadata '{f.arch}.block_count' = {dims['layers']} but "
+                        f"the file's tensors hold {held}",
+                        hint="the file's metadata does not match its tensors; it is damaged or "
+                        "was edited")
 
 
 def plan_tensors(f: GGUFFile, spec: ArchSpec) -> list[ImportTensor]:

@@ -12,6 +12,8 @@ transpose.
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from arkinfer.errors import GGUFError, NotAvailableError
+from arkinfer.paths import require_regular_file
 
 _MISSING = object()
 
@@ -55,10 +58,12 @@ class GGUFFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         gguf = _import_gguf()
-        if not self.path.is_file():
-            raise GGUFError(f"GGUF file {str(self.path)!r} does not exist or is not a file",
+        if not self.path.exists():
+            raise GGUFError(f"GGUF file {str(self.path)!r} does not exist",
                             hint="give the path of a .gguf file")
+        require_regular_file(self.path, "GGUF file", GGUFError)
         size = self.path.stat().st_size
+        check_header(self.path)
         try:
             self.reader = gguf.GGUFReader(self.path)
         except Exception as exc:  # noqa: BLE001 - gguf-py raises ValueError, IndexError, ...
@@ -160,6 +165,79 @@ class GGUFFile:
                             "llama-quantize, or import the original checkpoint") from None
         data = np.asarray(data, dtype=np.float32).reshape(info.shape)
         return data
+
+
+# GGUF value type -> bytes of one value (None: a string, 8-byte length + bytes; 9: an array).
+_VALUE_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 8: None, 9: None, 10: 8, 11: 8,
+                12: 8}
+MAX_COUNT = 1 << 24  # tensors, metadata keys, array items (a 256 K vocabulary uses 2^18)
+MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+def check_header(path: Path) -> None:
+    """Walk the GGUF header and check every count and length against the bytes left in the file
+    (and MAX_COUNT / MAX_DIMS) before gguf-py parses it: gguf-py trusts them, so a claimed array
+    length of 2^62 would allocate until MemoryError. Only lengths are read, nothing is kept.
+
+    Layout (little-endian): "GGUF", u32 version, u64 tensor_count, u64 kv_count; kv_count x
+    (string key, u32 type, value); tensor_count x (string name, u32 n_dims, n_dims x u64,
+    u32 type, u64 offset). A string is a u64 length + bytes; an array a u32 type, u64 count,
+    values.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        def fail(what: str) -> GGUFError:
+            return GGUFError(f"{path} is not a readable GGUF file ({size} bytes): {what} at byte "
+                             f"{fh.tell()}", hint=_bad_file_hint(path))
+
+        def read(fmt: str) -> int:
+            raw = fh.read(struct.calcsize(fmt))
+            if len(raw) < struct.calcsize(fmt):
+                raise fail("it ends inside the header (truncated)")
+            return struct.unpack("<" + fmt, raw)[0]
+
+        def count(n: int, item_bytes: int, what: str) -> int:
+            if n > MAX_COUNT or n * item_bytes > size - fh.tell():
+                raise fail(f"{what} {n} does not fit in the file (limit {MAX_COUNT:,})")
+            return n
+
+        def skip_string(what: str) -> None:
+            fh.seek(count(read("Q"), 1, f"{what} length"), 1)
+
+        def skip_value(vtype: int, depth: int = 0) -> None:
+            if vtype not in _VALUE_BYTES or depth > 2:
+                raise fail(f"unknown or too deeply nested value type {vtype}")
+            if vtype == 8:
+                skip_string("string")
+            elif vtype == 9:
+                item = read("I")
+                n = count(read("Q"), _VALUE_BYTES.get(item) or 8, "array length")
+                if _VALUE_BYTES.get(item):
+                    fh.seek(n * _VALUE_BYTES[item], 1)
+                else:
+                    for _ in range(n):
+                        skip_value(item, depth + 1)
+            else:
+                fh.seek(_VALUE_BYTES[vtype], 1)
+
+        if fh.read(4) != b"GGUF":
+            return  # gguf-py reports the bad magic with its own message
+        read("I")
+        n_tensors, n_kv = read("Q"), read("Q")
+        count(n_tensors, 24, "tensor count")
+        for _ in range(count(n_kv, 13, "metadata key count")):
+            skip_string("key")
+            skip_value(read("I"))
+        for _ in range(n_tensors):
+            skip_string("tensor name")
+            n_dims = read("I")
+            if n_dims > MAX_DIMS:
+                raise fail(f"a tensor with {n_dims} dimensions (GGUF allows {MAX_DIMS})")
+            if math.prod(read("Q") for _ in range(n_dims)) > 8 * size:
+                raise fail("a tensor with more elements than the file can hold")
+            read("I"), read("Q")
+        if fh.tell() > size:
+            raise fail("the header runs past the end of the file")
 
 
 def float32_clean(value: float) -> float:

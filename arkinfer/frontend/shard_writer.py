@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -86,6 +87,25 @@ def _header(specs: list[TensorSpec], dtype: str, metadata: dict[str, str]) -> by
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw
+
+
+def honour_umask(path: Path) -> None:
+    """Give `path` the mode a plain `open(path, "w")` would: 0o666 minus the process umask.
+
+    `safetensors.torch.save_file` (0.8) writes through a private temporary file and so leaves
+    0600 behind, while every other file of a model folder or artifact gets the umask's 0644."""
+    mask = os.umask(0o022)  # reading the umask means setting it; restored on the next line
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
+def save_safetensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None
+                     ) -> None:
+    """`safetensors.torch.save_file(tensors, path, metadata)` with the umask's permissions."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    honour_umask(Path(path))
 
 
 def write_shards(folder: Path, specs: list[TensorSpec], produce: Callable[[TensorSpec], np.ndarray],

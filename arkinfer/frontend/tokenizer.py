@@ -7,22 +7,49 @@ transformers' `apply_chat_template` does, so prompts are byte-identical to the r
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from arkinfer.errors import TokenizerError
+from arkinfer.paths import read_json_object, require_regular_file
 
 Message = dict[str, str]
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: Any, key: str, source: Path) -> str | None:
     """tokenizer_config stores special tokens as a string or as {"content": ...}."""
-    if isinstance(value, dict):
-        return value.get("content")
-    return value
+    text = value.get("content") if isinstance(value, dict) else value
+    if text is not None and not isinstance(text, str):
+        raise TokenizerError(f"{source}: '{key}' must be a string or {{\"content\": string}}, "
+                             f"got {str(value)[:80]}", hint="fix or re-download the file")
+    return text
+
+
+def _chat_template(cfg: dict[str, Any], folder: Path) -> str | None:
+    """The chat template: tokenizer_config's `chat_template` (a string, or HF's list of
+    {"name", "template"} from which "default" is used), else chat_template.jinja."""
+    source = folder / "tokenizer_config.json"
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # HF allows named templates; use "default"
+        if not all(isinstance(t, dict) and isinstance(t.get("template"), str) for t in template):
+            raise TokenizerError(f"{source}: 'chat_template' as a list must hold "
+                                 "{\"name\": ..., \"template\": string} objects",
+                                 hint="fix or re-download the file")
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    elif template is not None and not isinstance(template, str):
+        raise TokenizerError(f"{source}: 'chat_template' must be a string, got "
+                             f"{type(template).__name__}", hint="fix or re-download the file")
+    jinja_file = folder / "chat_template.jinja"
+    if template is None and (jinja_file.exists() or jinja_file.is_symlink()):
+        require_regular_file(jinja_file, "chat template", TokenizerError)
+        try:
+            template = jinja_file.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError) as exc:
+            raise TokenizerError(f"cannot read {jinja_file}: {exc}",
+                                 hint="the chat template must be UTF-8 text; fix or re-download "
+                                 "the file") from None
+    return template
 
 
 @dataclass
@@ -59,15 +86,18 @@ class TextTokenizer:
         if not self.chat_template:
             raise TokenizerError("this model has no chat template",
                                  hint="pass --raw to send the prompt as plain text")
-        env = _sandbox()
+        from arkinfer.frontend.chat_sandbox import BoundedEnvironment
+
+        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         try:
-            template = env.from_string(self.chat_template)
-            extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-                                   **extra)
-        except Exception as exc:  # jinja2 errors and raise_exception() from the template
-            raise TokenizerError(f"the chat template failed to render: {exc}",
+            return BoundedEnvironment().render(
+                self.chat_template, messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
+        except TokenizerError:  # a rendering limit, or raise_exception() from the template
+            raise
+        except Exception as exc:  # noqa: BLE001 - jinja2 errors, RecursionError, MemoryError
+            raise TokenizerError(f"the chat template failed to render: "
+                                 f"{type(exc).__name__}: {str(exc)[:500]}",
                                  hint="check tokenizer_config.json's chat_template") from None
 
     def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True,
@@ -77,40 +107,13 @@ class TextTokenizer:
         return self.encode(text, add_special_tokens=False)
 
 
-def _sandbox():
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise TokenizerError(f"chat template error: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False,
-                                                                   indent=indent)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"{path} is not valid JSON: {exc}",
-                             hint="fix or re-download the file") from None
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path} must hold a JSON object, found {type(data).__name__}")
-    return data
-
-
 def load_tokenizer(folder: Path, generation_config: dict[str, Any] | None = None
                    ) -> TextTokenizer | None:
     """The folder's tokenizer, or None when it has no tokenizer.json."""
     path = folder / "tokenizer.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
+    require_regular_file(path, "tokenizer.json", TokenizerError)
     from tokenizers import Tokenizer
 
     try:
@@ -118,14 +121,12 @@ def load_tokenizer(folder: Path, generation_config: dict[str, Any] | None = None
     except Exception as exc:  # tokenizers raises a plain Exception on bad files
         raise TokenizerError(f"cannot load {path}: {exc}",
                              hint="re-export tokenizer.json with a recent `tokenizers`") from None
-    cfg = _read_json(folder / "tokenizer_config.json")
-    template = cfg.get("chat_template")
-    if isinstance(template, list):  # HF allows named templates; use "default"
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    jinja_file = folder / "chat_template.jinja"
-    if template is None and jinja_file.exists():
-        template = jinja_file.read_text(encoding="utf-8")
-    bos, eos = _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = (read_json_object(cfg_path, TokenizerError)
+           if cfg_path.exists() or cfg_path.is_symlink() else {})
+    template = _chat_template(cfg, folder)
+    bos = _token_text(cfg.get("bos_token"), "bos_token", cfg_path)
+    eos = _token_text(cfg.get("eos_token"), "eos_token", cfg_path)
     stop: set[int] = set()
     gen_eos = (generation_config or {}).get("eos_token_id")
     for value in gen_eos if isinstance(gen_eos, list) else [gen_eos]:

@@ -28,7 +28,7 @@ def supported_model_types() -> list[str]:
 def module_for(raw_config: dict[str, Any], source: str = "config.json") -> ModuleType:
     model_type = raw_config.get("model_type")
     table = _modules()
-    if model_type not in table:
+    if not isinstance(model_type, str) or model_type not in table:
         raise ConfigError(f"{source}: model_type {model_type!r} is not supported",
                           hint=f"supported model types: {', '.join(sorted(table))}")
     return table[model_type]

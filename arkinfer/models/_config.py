@@ -2,11 +2,53 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from arkinfer.errors import ConfigError
 
 REQUIRED = object()
+
+# Allowed ranges of config.json sizes, inclusive. Generous (today's largest models use a fraction)
+# but bounded, so one absurd value (2^62 layers) is refused before it drives an allocation.
+INT_LIMITS: dict[str, tuple[int, int]] = {
+    "vocab_size": (1, 1 << 24),
+    "hidden_size": (1, 1 << 20),
+    "intermediate_size": (1, 1 << 22),
+    "num_hidden_layers": (1, 4096),
+    "num_attention_heads": (1, 4096),
+    "num_key_value_heads": (1, 4096),
+    "head_dim": (2, 1 << 14),
+    "max_position_embeddings": (1, 1 << 27),
+    "original_max_position_embeddings": (2, 1 << 27),
+    "sliding_window": (1, 1 << 27),
+    "dim_model_base": (1, 1 << 20),
+}
+# Floats: (exclusive low, inclusive high); every float must also be finite (json accepts NaN).
+FLOAT_LIMITS: dict[str, tuple[float, float]] = {
+    "rms_norm_eps": (0.0, 1.0),
+    "rope_theta": (0.0, 1e12),
+    "scale_emb": (0.0, 1e6),
+    "scale_depth": (0.0, 1e6),
+    "factor": (0.0, 1e6),
+    "low_freq_factor": (0.0, 1e6),
+    "high_freq_factor": (0.0, 1e6),
+}
+
+
+def range_problem(key: str, value: Any) -> str | None:
+    """Why `value` is out of range for `key` (INT_LIMITS / FLOAT_LIMITS, finiteness), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"'{key}' must be a finite number, got {value!r}"
+    if key in INT_LIMITS:
+        low, high = INT_LIMITS[key]
+        if not low <= value <= high:
+            return f"'{key}' = {value!r} is out of range; allowed {low}..{high}"
+    elif key in FLOAT_LIMITS:
+        low_f, high_f = FLOAT_LIMITS[key]
+        if not low_f < value <= high_f:
+            return f"'{key}' = {value!r} is out of range; allowed > {low_f:g} and <= {high_f:g}"
+    return None
 
 
 class ConfigReader:
@@ -29,8 +71,13 @@ class ConfigReader:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             self.problems.append(f"'{key}' must be {kind.__name__}, got {value!r}")
             return None if default is REQUIRED else default
-        if kind in (int, float) and key not in ("bos_token_id", "pad_token_id") and value < 0:
-            self.problems.append(f"'{key}' must not be negative, got {value!r}")
+        if kind in (int, float):
+            problem = range_problem(key, value)
+            if problem is None and key not in ("bos_token_id", "pad_token_id") and value < 0:
+                problem = f"'{key}' must not be negative, got {value!r}"
+            if problem:
+                self.problems.append(problem)
+                return None if default is REQUIRED else default
         return value
 
     def check(self, ok: bool, problem: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-# specs/minicpm4.md §1; the published 4.1 LongRoPE lists are identical for long and short. Only
+# docs/model.md §1; the published 4.1 LongRoPE lists are identical for long and short. Only
 # the first (0.99823…) and last (126.0171…) values are given there, so the 64 factors are
 # interpolated geometrically between them: enough to size, trace and exercise LongRoPE.
 _FIRST, _LAST = 0.9982316082870437, 126.01711130143255

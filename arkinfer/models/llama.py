@@ -19,12 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from arkinfer.errors import ConfigError
-from arkinfer.models._config import ConfigReader
+from arkinfer.models._config import ConfigReader, range_problem
 from arkinfer.ops import attention as _attention_op  # noqa: F401 - registers arkinfer::attention
 from arkinfer.ops import norm as _norm_op  # noqa: F401
 from arkinfer.ops import rope as rope_ops
 
 LayerCache = tuple[Tensor, Tensor]  # k, v: [B, Hkv, S, D]
+TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64")  # config.json `torch_dtype` values
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,21 @@ class LlamaConfig:
                     f"num_key_value_heads={kv}")
             default_dim = hidden // heads if hidden % heads == 0 else None
             kw["head_dim"] = r.get("head_dim", int, default_dim)
+            derived = (range_problem("head_dim", default_dim)
+                       if "head_dim" not in raw and default_dim is not None else None)
+            r.check(derived is None, f"{derived} (hidden_size / num_attention_heads)")
             r.check(kw["head_dim"] is not None and kw["head_dim"] % 2 == 0,
                     f"head_dim must be even (hidden_size={hidden}, heads={heads})")
         act = raw.get("hidden_act", "silu")
         r.check(act == "silu", f"hidden_act={act!r} is not supported (only 'silu')")
+        torch_dtype = raw.get("torch_dtype")
+        r.check(torch_dtype is None or torch_dtype in TORCH_DTYPES,
+                f"'torch_dtype' = {torch_dtype!r} is not supported; allowed {', '.join(TORCH_DTYPES)}")
+        for problem in token_id_problems(raw, kw["vocab_size"]):
+            r.check(False, problem)
+        if kw["rope_scaling"]:
+            for problem in rope_scaling_problems(kw["rope_scaling"], kw.get("head_dim")):
+                r.check(False, problem)
         return kw
 
     def inv_freq(self, total_len: int) -> tuple[Tensor, float]:
@@ -130,6 +142,73 @@ class LlamaConfig:
             return rope_ops.longrope_inv_freq(d, theta, factors), scale
         raise ConfigError(f"rope_scaling type {kind!r} is not supported",
                           hint="supported: default, linear, llama3, longrope")
+
+
+def token_id_problems(raw: dict[str, Any], vocab_size: int | None) -> list[str]:
+    """Problems of bos/eos/pad_token_id: each an int (eos: or a list of ints) below vocab_size.
+
+    A negative bos/pad id means "none" in some published configs and is accepted."""
+    problems = []
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = raw.get(key)
+        ids = value if key == "eos_token_id" and isinstance(value, list) else [value]
+        for tid in ids:
+            if tid is None or (key != "eos_token_id" and isinstance(tid, int)
+                               and not isinstance(tid, bool) and tid < 0):
+                continue
+            if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+                problems.append(f"'{key}' must be a token id (int >= 0), got {value!r}")
+            elif vocab_size and tid >= vocab_size:
+                problems.append(f"'{key}' = {tid} is beyond the vocabulary; allowed "
+                                f"0..{vocab_size - 1} (vocab_size={vocab_size})")
+    return problems
+
+
+ROPE_KEYS: dict[str, tuple[str, ...]] = {
+    "default": (), "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": ("long_factor", "short_factor"),
+}
+
+
+def rope_scaling_problems(scaling: dict[str, Any], head_dim: int | None) -> list[str]:
+    """Problems of a `rope_scaling` dict whose type ArkInfer implements (ROPE_KEYS): required keys
+    present, numbers finite and in range (`_config.INT_LIMITS` / `FLOAT_LIMITS`), LongRoPE lists
+    of head_dim/2 positive numbers. Other types are reported when a model is run, not here, so
+    `inspect` still describes them."""
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if not isinstance(kind, str):
+        return [f"'rope_scaling.rope_type' must be a string, got {kind!r}"]
+    if kind not in ROPE_KEYS:
+        return []
+    problems = [f"'rope_scaling' of type {kind!r} lacks '{k}'" for k in ROPE_KEYS[kind]
+                if k not in scaling]
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        value = scaling.get(key)
+        if value is None or kind == "default":
+            continue
+        want_int = key == "original_max_position_embeddings"
+        if isinstance(value, bool) or not isinstance(value, int if want_int else (int, float)):
+            problems.append(f"'rope_scaling.{key}' must be {'an int' if want_int else 'a number'}, "
+                            f"got {value!r}")
+        elif (problem := range_problem(key, value)) is not None:
+            problems.append(problem.replace(f"'{key}'", f"'rope_scaling.{key}'", 1))
+    low, high = scaling.get("low_freq_factor"), scaling.get("high_freq_factor")
+    if kind == "llama3" and not problems and high <= low:
+        problems.append(f"'rope_scaling.high_freq_factor' ({high!r}) must be greater than "
+                        f"'low_freq_factor' ({low!r})")
+    for key in ("long_factor", "short_factor") if kind == "longrope" else ():
+        factors = scaling.get(key)
+        if factors is None:
+            continue
+        if not isinstance(factors, list) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                and x > 0 for x in factors):
+            problems.append(f"'rope_scaling.{key}' must be a list of positive finite numbers")
+        elif head_dim and len(factors) != head_dim // 2:
+            problems.append(f"'rope_scaling.{key}' has {len(factors)} entries; head_dim/2 = "
+                            f"{head_dim // 2} required")
+    return problems
 
 
 class Attention(nn.Module):

@@ -1,6 +1,6 @@
 """MiniCPM4 / MiniCPM4.1 reference model (`model_type: "minicpm"`).
 
-MiniCPM4 = Llama + three scales + LongRoPE + InfLLM v2 sparse attention (specs/minicpm4.md §2):
+MiniCPM4 = Llama + three scales + LongRoPE + InfLLM v2 sparse attention (docs/model.md §2):
 
     h = embed(ids) * scale_emb
     h = h + scale_depth / sqrt(L) * attn(rmsnorm(h));  h = h + scale_depth / sqrt(L) * mlp(rmsnorm(h))
@@ -19,7 +19,7 @@ from typing import Any, Literal, Self
 
 from torch import Tensor
 
-from arkinfer.errors import NotAvailableError
+from arkinfer.errors import ConfigError, NotAvailableError
 from arkinfer.models._config import ConfigReader
 from arkinfer.models.llama import (
     Attention,
@@ -67,6 +67,11 @@ class MiniCPMConfig(LlamaConfig):
         kw["scale_depth"] = r.get("scale_depth", float, 1.0)
         kw["dim_model_base"] = r.get("dim_model_base", int, kw["hidden_size"] or 1)
         kw["sparse_config"] = r.get("sparse_config", dict, None)
+        if kw["sparse_config"] is not None:
+            try:
+                SparseConfig.from_dict(kw["sparse_config"])
+            except ConfigError as exc:
+                r.check(False, exc.message)
         r.check(not raw.get("attention_bias", False), "MiniCPM has no attention biases")
         r.finish()
         return cls(**kw)
