@@ -23,7 +23,7 @@ from machine import machine_info
 
 
 def build_artifact(work: Path) -> Path:
-    from arkinfer.frontend.smollm2 import smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_hf_dir
     from arkinfer.pipeline.build import build
     from arkinfer.pipeline.plan import CalibSettings, resolve_plan
 

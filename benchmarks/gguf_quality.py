@@ -72,7 +72,7 @@ def main() -> None:
     from machine import machine_info
 
     from arkinfer.backend import LowerRequest
-    from arkinfer.frontend.smollm2 import smollm2_gguf_path, smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_gguf_path, smollm2_hf_dir
     from arkinfer.generate import perplexity
 
     hf, original = smollm2_hf_dir(), smollm2_gguf_path()

@@ -44,7 +44,7 @@ def _artifact(work: Path) -> Path:
     from arkinfer.quant.export import export_folder
 
     from arkinfer.backend import LowerRequest, get_backend
-    from arkinfer.frontend.smollm2 import smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_hf_dir
 
     recipe = QuantRecipe("rtn", "gptq", 4, 64, sym=True, skip=())
     ids = torch.randint(0, 49152, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -72,7 +72,7 @@ def run(threads: int, steps: int, reps: int, prompt_len: int) -> dict:
     from arkinfer.backends.gguf.runner import LlamaCppRunner
     from arkinfer.backends.onnx.runner import OnnxRunner
 
-    from arkinfer.frontend.smollm2 import smollm2_gguf_path
+    from arkinfer.testing.smollm2 import smollm2_gguf_path
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

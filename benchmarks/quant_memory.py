@@ -44,7 +44,7 @@ def minicpm4_1b_config(layers: int) -> dict:
 def make_checkpoint(folder: Path, layers: int) -> Path:
     import torch
 
-    from arkinfer.frontend.synthetic import write_checkpoint
+    from arkinfer.testing.synthetic import write_checkpoint
 
     done = folder / ".complete"
     if done.is_file() and json.loads(done.read_text()).get("layers") == layers:

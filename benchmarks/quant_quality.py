@@ -187,7 +187,7 @@ def main() -> None:
     from arkinfer.quant.calib_data import load_calibration
 
     from arkinfer.frontend.checkpoint import load, open_checkpoint
-    from arkinfer.frontend.smollm2 import smollm2_gguf_path, smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_gguf_path, smollm2_hf_dir
 
     hf, gguf = smollm2_hf_dir(), smollm2_gguf_path()
     ckpt = open_checkpoint(hf)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(text_path: Path, ctx: int, max_windows: int | None = None) -> dict:
     from arkinfer.backends.gguf.runner import LlamaCppRunner
     from arkinfer.frontend.checkpoint import load
-    from arkinfer.frontend.smollm2 import smollm2_gguf_path, smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_gguf_path, smollm2_hf_dir
     from arkinfer.generate import model_logits_fn, perplexity
 
     text = text_path.read_text(encoding="utf-8")

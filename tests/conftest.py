@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arkinfer.frontend.synthetic import write_checkpoint
+from arkinfer.testing.synthetic import write_checkpoint
 from arkinfer.models.configs import tiny_config
 
 torch.manual_seed(0)

@@ -11,7 +11,7 @@
 Pieces: ops.py (the op set), types.py / dims.py (typed values, symbolic dims), graph.py (nodes,
 graphs, programs), weights.py (weight store, quant annotations), infer.py (type rules),
 verify.py, interpret.py (the meaning of every op), tracing.py + lower_aten.py (from torch.export),
-passes/, serialize.py, printer.py, golden.py (the committed demo dump).
+passes/, serialize.py, printer.py, the committed demo dump (arkinfer/testing/golden.py).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ TEXTS = ["Hello world", "I'm sure you're right; they'll say it's fine.",
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from arkinfer.frontend.smollm2 import smollm2_gguf_path, smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_gguf_path, smollm2_hf_dir
 
     try:
         return smollm2_gguf_path(), smollm2_hf_dir()

@@ -26,7 +26,7 @@ from arkinfer.backend import LowerRequest, Runner
 from arkinfer.errors import ArkError
 from arkinfer.frontend.demo import demo_model_path
 from arkinfer.frontend.gguf_model import permute_qk
-from arkinfer.frontend.synthetic import write_checkpoint
+from arkinfer.testing.synthetic import write_checkpoint
 from arkinfer.models.configs import tiny_config
 
 pytestmark = pytest.mark.llamacpp

@@ -16,7 +16,7 @@ from arkinfer.backends.gguf.tokenizer import read_vocab
 from arkinfer.backend import LowerRequest
 from arkinfer.errors import TokenizerError
 from arkinfer.frontend.gguf_import import import_gguf
-from arkinfer.frontend.gguf_synthetic import write_tiny_gguf
+from arkinfer.testing.gguf_synthetic import write_tiny_gguf
 
 pytestmark = pytest.mark.llamacpp
 

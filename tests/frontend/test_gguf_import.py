@@ -17,7 +17,7 @@ from arkinfer.frontend import gguf_model
 from arkinfer.frontend.gguf_import import import_gguf
 from arkinfer.frontend.gguf_model import permute_qk, unpermute_qk
 from arkinfer.frontend.gguf_reader import GGUFFile
-from arkinfer.frontend.gguf_synthetic import write_tiny_gguf
+from arkinfer.testing.gguf_synthetic import write_tiny_gguf
 
 
 def _load(folder):
@@ -392,7 +392,7 @@ def test_synthetic_tokenizer_ids_identical_to_llamacpp(tmp_path, tokenizer):
 
 def test_gguf_path_as_model_argument_is_imported_once_into_the_cache(tmp_path, monkeypatch):
     from arkinfer.frontend.checkpoint import open_checkpoint, resolve_model_path
-    from arkinfer.frontend.gguf_synthetic import write_tiny_gguf
+    from arkinfer.testing.gguf_synthetic import write_tiny_gguf
 
     monkeypatch.setenv("ARKINFER_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "tiny.gguf"

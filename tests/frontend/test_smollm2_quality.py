@@ -10,7 +10,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python (the [gguf] extra) is 
 
 from arkinfer.backends.gguf.runner import LlamaCppRunner  # noqa: E402
 from arkinfer.frontend.checkpoint import load  # noqa: E402
-from arkinfer.frontend.smollm2 import smollm2_gguf_path, smollm2_hf_dir  # noqa: E402
+from arkinfer.testing.smollm2 import smollm2_gguf_path, smollm2_hf_dir  # noqa: E402
 from arkinfer.generate import generate, model_logits_fn, perplexity  # noqa: E402
 
 EVAL_TEXT = Path(__file__).resolve().parents[2] / "arkinfer" / "data" / "corpus_eval.txt"

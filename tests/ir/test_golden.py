@@ -1,11 +1,11 @@
 """The printed IR of the demo model equals the committed golden files (tests/golden/demo_ir*.txt).
 
-Regenerate after an intended change: .venv/bin/python -m arkinfer.ir.golden --update
+Regenerate after an intended change: .venv/bin/python -m arkinfer.testing.golden --update
 """
 
 from __future__ import annotations
 
-from arkinfer.ir import golden
+from arkinfer.testing import golden
 
 
 def test_demo_ir_matches_golden():

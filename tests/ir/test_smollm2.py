@@ -11,9 +11,9 @@ from arkinfer import ir
 @pytest.fixture(scope="module")
 def smollm2():
     try:
-        from arkinfer.frontend.smollm2 import smollm2_hf_dir
+        from arkinfer.testing.smollm2 import smollm2_hf_dir
     except ImportError as exc:
-        pytest.skip(f"arkinfer.frontend.smollm2 is not importable: {exc}")
+        pytest.skip(f"arkinfer.testing.smollm2 is not importable: {exc}")
     try:
         folder = smollm2_hf_dir()
     except Exception as exc:  # noqa: BLE001 - any failure to obtain the model is a skip reason

@@ -21,7 +21,7 @@ SPARSE = {"kernel_size": 8, "kernel_stride": 4, "block_size": 8, "init_blocks": 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from arkinfer.frontend.synthetic import write_checkpoint
+    from arkinfer.testing.synthetic import write_checkpoint
     from arkinfer.models.configs import tiny_config
 
     folder = write_checkpoint(tmp_path_factory.mktemp("minicpm-sparse"),

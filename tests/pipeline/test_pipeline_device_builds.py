@@ -46,7 +46,7 @@ def test_rpi5_q4_0_artifact_verifies_in_llama_cpp(tmp_path):
 
 
 def test_marlin_shape_rule_is_checked_before_any_work(tmp_path):
-    from arkinfer.frontend.smollm2 import smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_hf_dir
 
     res = runner.invoke(app, ["build", str(smollm2_hf_dir()), "--target", "jetson-orin",
                               "--quant", "marlin", "-o", str(tmp_path / "x")])

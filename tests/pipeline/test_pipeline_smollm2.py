@@ -19,7 +19,7 @@ CALIB = ["--samples", "16", "--seq-len", "256"]
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from arkinfer.frontend.smollm2 import smollm2_hf_dir
+    from arkinfer.testing.smollm2 import smollm2_hf_dir
 
     return str(smollm2_hf_dir())
 

@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from arkinfer.cli import quantize
-from arkinfer.frontend.synthetic import write_checkpoint
+from arkinfer.testing.synthetic import write_checkpoint
 from arkinfer.models.configs import tiny_config
 
 DEMO = Path(__file__).resolve().parents[2] / "arkinfer" / "demo"

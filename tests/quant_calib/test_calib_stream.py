@@ -55,7 +55,7 @@ def test_streaming_equals_whole_model(tiny_checkpoint, calib_ids, tmp_path, mode
 
 
 def test_streaming_reads_bf16_shards(calib_ids, tmp_path):
-    from arkinfer.frontend.synthetic import write_checkpoint
+    from arkinfer.testing.synthetic import write_checkpoint
     from arkinfer.models.configs import tiny_config
 
     bf16 = write_checkpoint(tmp_path / "bf16", tiny_config("minicpm", num_hidden_layers=2),

@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 from arkinfer.cli.main import app
 from arkinfer.errors import ArkError
 from arkinfer.frontend.demo import demo_model_path
-from arkinfer.frontend.synthetic import write_checkpoint
+from arkinfer.testing.synthetic import write_checkpoint
 from arkinfer.models.configs import tiny_config
 
 MEMORY = 2 << 30  # bytes a child may map beyond what it maps at fork time
@@ -131,7 +131,7 @@ def bases(tmp_path_factory) -> dict[str, Path]:
                     ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
     made = {"llama": llama, "demo": demo}
     try:
-        from arkinfer.frontend.gguf_synthetic import write_tiny_gguf
+        from arkinfer.testing.gguf_synthetic import write_tiny_gguf
 
         write_tiny_gguf(root / "tiny.gguf", "llama")
         made["gguf"] = root / "tiny.gguf"

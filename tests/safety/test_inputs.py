@@ -25,7 +25,7 @@ from arkinfer.cli.main import app
 from arkinfer.errors import ArkError, CheckpointError, ConfigError, GGUFError, TokenizerError
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
 from arkinfer.frontend.demo import demo_model_path
-from arkinfer.frontend.synthetic import write_checkpoint
+from arkinfer.testing.synthetic import write_checkpoint
 from arkinfer.frontend.tokenizer import load_tokenizer
 from arkinfer.models.configs import tiny_config
 from arkinfer.paths import resolve_inside
@@ -142,7 +142,7 @@ def test_memory_is_checked_before_the_model_is_loaded(tiny, monkeypatch):
 
 def _gguf(tmp_path: Path, name: str = "tiny.gguf") -> Path:
     pytest.importorskip("gguf")
-    from arkinfer.frontend.gguf_synthetic import write_tiny_gguf
+    from arkinfer.testing.gguf_synthetic import write_tiny_gguf
 
     path = tmp_path / name
     write_tiny_gguf(path, "llama")

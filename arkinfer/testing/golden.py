@@ -5,7 +5,7 @@
 
 Regenerate after an intended change to the IR, the lowering, the printer or the demo config:
 
-    .venv/bin/python -m arkinfer.ir.golden --update
+    .venv/bin/python -m arkinfer.testing.golden --update
 
 and review the diff like code. Without --update the command checks and exits 1 on a mismatch.
 The dump depends only on the demo model's config (shape-only trace): arkinfer/demo/config.json
@@ -27,7 +27,7 @@ from arkinfer.ir.tracing import trace
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = ROOT / "tests" / "golden"
-UPDATE_COMMAND = ".venv/bin/python -m arkinfer.ir.golden --update"
+UPDATE_COMMAND = ".venv/bin/python -m arkinfer.testing.golden --update"
 
 
 def demo_config() -> dict[str, Any]:
