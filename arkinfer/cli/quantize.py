@@ -124,7 +124,7 @@ def command(
     from arkinfer.frontend.checkpoint import open_checkpoint
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib.weight_only import is_weight_only, quantize_weight_only
-    from arkinfer.quant.calib_data import load_calibration
+    from arkinfer.quant.calib_data import check_calibration_size, load_calibration
     from arkinfer.quant.export import check_quantised_output, export_folder
     from arkinfer.resolve import fit_recipe
 
@@ -141,6 +141,10 @@ def command(
     if static_groups:
         options.update(static_groups=True, act_order=act_order)
     work = work_dir or out.with_name(out.name + ".work")
+    # the settings are checked even when a weight-only recipe does not use them: a bad value is
+    # an error, never silently ignored
+    check_calibration_size(samples, seq_len, ckpt.config.max_position_embeddings,
+                           ckpt.config.hidden_size)
     if is_weight_only(recipe) and not report:  # RTN / ternary: from the weights alone
         what = f"quantising {ckpt.path.name}: {recipe.describe()}, no calibration"
 
@@ -198,8 +202,8 @@ def _print_summary(folder: Path, s: dict) -> None:
         worst = min(lin, key=lambda r: r["snr_db"]) if lin else None
         floats = [r["name"].rsplit(".", 1)[-1] for r in b["linears"] if r["status"] != "quantised"]
         rows.append([b["block"], f"{b['seconds']:.1f}", _fmt(b["block_snr_db"]),
-                     _fmt(worst["snr_db"]) + (f" ({worst['name'].rsplit('.', 1)[-1]})"
-                                              if worst else ""),
+                     (f"{_fmt(worst['snr_db'])} ({worst['name'].rsplit('.', 1)[-1]})"
+                      if worst else "-"),
                      ", ".join(floats) or "-"])
     print_table("quality per block (SNR in dB on the calibration inputs)",
                 ["block", "seconds", "block SNR", "worst linear SNR", "kept in float"], rows)
@@ -209,7 +213,9 @@ def _print_summary(folder: Path, s: dict) -> None:
                     [[r["name"], r.get("reason", r["status"])] for r in floats])
     calib = s["calibration"]
     calib_text = (f"{calib['samples']} x {calib['seq_len']} tokens from {calib['source']}, "
-                  f"sha256 {calib['sha256'][:16]}")
+                  f"sha256 {calib['sha256'][:16]}" if calib.get("sha256") else
+                  "none: a weight-only recipe (RTN / ternary) needs no activations; "
+                  "--report measures SNR on a calibration sample")
     snr_text = f"{_fmt(s['mean_linear_snr_db'])} / {_fmt(s['mean_block_snr_db'])} dB"
     times = (f"{s['timings']['calibration_seconds']:.1f} s calibration, "
              f"{s['timings']['export_seconds']:.1f} s export")

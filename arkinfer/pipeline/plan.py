@@ -149,8 +149,14 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
     name = choose_backend(tgt, r.backend)
     notes = list(r.notes)
     notes += list(get_backend(name).preflight(raw, r.recipe, tgt, r.dtype))  # raises if impossible
+    c = calib or CalibSettings()
+    if r.recipe is not None:  # checked even when a weight-only recipe does not use them
+        from arkinfer.quant.calib_data import check_calibration_size
+
+        check_calibration_size(c.samples, c.seq_len, raw.get("max_position_embeddings"),
+                               raw.get("hidden_size"))
     model_name = model_name_of(model, source)
     out = Path(out) if out is not None else default_out(model_name, tgt.id, r.scheme)
     check_artifact_output(out, source, force=force)
     return BuildPlan(model, source, model_name, raw, tgt, name, r.scheme, r.recipe, r.dtype, out,
-                     calib or CalibSettings(), dict(options or {}), notes)
+                     c, dict(options or {}), notes)
