@@ -137,3 +137,31 @@ def test_targets_output_is_untruncated_when_piped():
     assert res.exit_code == 0
     ids = [line.split("\t")[0] for line in res.output.splitlines()]
     assert "jetson-agx-orin-64gb" in ids and "android-sd8gen3" in ids
+
+
+def test_core_imports_no_backend_and_ships_no_fixture_in_its_packages():
+    """The core (arkinfer/) never imports a plugin; fixtures live in arkinfer/testing/ only."""
+    import re
+    from pathlib import Path
+
+    import arkinfer
+
+    root = Path(arkinfer.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if re.search(r"^\s*(from|import) arkinfer\.backends", p.read_text(), re.M)]
+    assert offenders == []
+    for fixture in ("synthetic.py", "gguf_synthetic.py", "smollm2.py", "golden.py"):
+        assert [p.parent.name for p in root.rglob(fixture)] == ["testing"], fixture
+
+
+def test_each_name_means_one_thing():
+    """VerifyError, DType, TensorPlan and arch_spec each meant two things before."""
+    from arkinfer import ir
+    from arkinfer.frontend import gguf_model
+    from arkinfer.pipeline import verify
+    from arkinfer.targets import model as target_model
+
+    assert ir.IRVerifyError is not verify.VerifyError and not hasattr(ir, "VerifyError")
+    assert hasattr(target_model, "DeviceDType") and not hasattr(target_model, "DType")
+    assert hasattr(gguf_model, "ImportTensor") and not hasattr(gguf_model, "TensorPlan")
+    assert hasattr(gguf_model, "spec_from_gguf") and not hasattr(gguf_model, "arch_spec")
