@@ -1,11 +1,10 @@
 """Device target profiles as typed, frozen objects: `Target`, `Quantity` (a number with its
-provenance), `BackendSupport`, `Codegen`. Parsing lives in `target_schema.py`, loading in
-`targets.py`."""
+provenance), `BackendSupport`, `Codegen`. Parsing and validation live in `schema.py`, loading
+in `__init__.py`."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -15,7 +14,6 @@ from arkinfer.errors import TargetError
 
 SCHEMA_VERSION = 1
 PROFILES_PACKAGE = "arkinfer.target_profiles"
-_SCHEMA_HINT = "the profile schema is written down in targets/README.md"
 
 
 class Provenance(StrEnum):
@@ -52,11 +50,6 @@ COMPUTE_KEYS = {
     "total_int8_sparse": "vendor headline AI OP/s of the whole module (sparse GPU + DLAs)",
     "npu_int8": "INT8 OP/s of the neural engine / NPU",
 }
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
-_SPELLING = {_NAME: "lower-case letters, digits, '.', '_' or '-'",
-             _IDENT: "a lower-case identifier: letters, digits and '_'"}
-_DERIVATION_RTOL = 5e-3
 
 
 @dataclass(frozen=True)
@@ -117,11 +110,6 @@ class Codegen:
                 for k, v in dataclasses.asdict(self).items() if v not in (None, ())}
 
 
-_CODEGEN_TYPES: dict[str, type] = {f.name: str for f in dataclasses.fields(Codegen)}
-_CODEGEN_TYPES.update({k: int for k in ("cpu_cores", "sm_count", "max_threads_per_block",
-                                        "max_shared_memory_per_block", "registers_per_block",
-                                        "max_shared_memory_per_block_optin", "thread_warp_size")})
-_CODEGEN_TYPES.update({k: list for k in ("cpu_features", "cuda_gencode", "notes")})
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ value and what is allowed; `derived` numbers are re-computed from their arithmet
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import operator
 import re
@@ -13,12 +14,6 @@ from typing import Any
 
 from arkinfer.errors import TargetError
 from arkinfer.targets.model import (
-    _CODEGEN_TYPES,
-    _DERIVATION_RTOL,
-    _IDENT,
-    _NAME,
-    _SCHEMA_HINT,
-    _SPELLING,
     COMPUTE_KEYS,
     SCHEMA_VERSION,
     BackendSupport,
@@ -28,6 +23,19 @@ from arkinfer.targets.model import (
     Quantity,
     Target,
 )
+
+# Validation facts of the profile schema (targets/README.md).
+_SCHEMA_HINT = "the profile schema is written down in targets/README.md"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
+_SPELLING = {_NAME: "lower-case letters, digits, '.', '_' or '-'",
+             _IDENT: "a lower-case identifier: letters, digits and '_'"}
+_DERIVATION_RTOL = 5e-3
+_CODEGEN_TYPES: dict[str, type] = {f.name: str for f in dataclasses.fields(Codegen)}
+_CODEGEN_TYPES.update({k: int for k in ("cpu_cores", "sm_count", "max_threads_per_block",
+                                        "max_shared_memory_per_block", "registers_per_block",
+                                        "max_shared_memory_per_block_optin", "thread_warp_size")})
+_CODEGEN_TYPES.update({k: list for k in ("cpu_features", "cuda_gencode", "notes")})
 
 
 def evaluate_derivation(expr: str) -> float:
