@@ -15,22 +15,12 @@ from importlib import resources
 from pathlib import Path
 
 from arkinfer.errors import TargetError
-from arkinfer.targets.model import (
-    COMPUTE_KEYS,
-    KNOWN_BACKENDS,
-    PROFILES_PACKAGE,
-    SCHEMA_VERSION,
-    BackendSupport,
-    Codegen,
-    DeviceDType,
-    Provenance,
-    Quantity,
-    Target,
-)
+from arkinfer.targets import model
+from arkinfer.targets.model import *  # noqa: F403 - the profile types, re-exported
+from arkinfer.targets.model import PROFILES_PACKAGE
 from arkinfer.targets.schema import parse_profile, evaluate_derivation
 
-__all__ = ["COMPUTE_KEYS", "KNOWN_BACKENDS", "SCHEMA_VERSION",
-           "BackendSupport", "Codegen", "DeviceDType", "Provenance", "Quantity", "Target",
+__all__ = [*model.__all__,  # noqa: F405
            "evaluate_derivation", "index_targets", "known_quant_formats", "list_targets", "load_target",
            "load_target_file", "resolve_id"]
 

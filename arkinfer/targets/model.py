@@ -12,6 +12,9 @@ from typing import Any
 
 from arkinfer.errors import TargetError
 
+__all__ = ["COMPUTE_KEYS", "KNOWN_BACKENDS", "SCHEMA_VERSION", "BackendSupport", "Codegen",
+           "DeviceDType", "Provenance", "Quantity", "Target"]
+
 SCHEMA_VERSION = 1
 PROFILES_PACKAGE = "arkinfer.target_profiles"
 
