@@ -137,15 +137,12 @@ def check_calibration_size(samples: int, seq_len: int, max_positions: int | None
                          f"{max_positions}", f"use --seq-len {min(512, max_positions)} (at most "
                          f"{max_positions})")
     if hidden_size is not None:
-        import psutil
+        from arkinfer.frontend.checkpoint import check_memory
 
-        need = samples * seq_len * (ACTIVATION_COPIES * 4 * hidden_size + 9)
-        available = int(psutil.virtual_memory().available)
-        if need > available:
-            raise QuantError(f"calibration with --samples {samples} x --seq-len {seq_len} "
-                             f"(hidden_size {hidden_size}) needs about {need / 2**30:.1f} GiB of "
-                             f"activations; this machine has {available / 2**30:.1f} GiB available",
-                             "lower --samples or --seq-len (e.g. --samples 128 --seq-len 512)")
+        check_memory(samples * seq_len * (ACTIVATION_COPIES * 4 * hidden_size + 9),
+                     f"calibration with --samples {samples} x --seq-len {seq_len} (hidden_size "
+                     f"{hidden_size}, activations)", QuantError,
+                     "lower --samples or --seq-len (e.g. --samples 128 --seq-len 512)")
 
 
 def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samples: int = 128,

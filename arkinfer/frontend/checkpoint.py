@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from arkinfer import models
-from arkinfer.errors import CheckpointError, ConfigError
+from arkinfer.errors import ArkError, CheckpointError, ConfigError
 from arkinfer.frontend.safetensors_io import LazyWeights, weight_files
 from arkinfer.frontend.tokenizer import TextTokenizer, load_tokenizer
 from arkinfer.paths import read_json_object
@@ -123,17 +123,17 @@ def check_layers(config: Any, weights: LazyWeights, source: Path) -> None:
                               hint="the config and the weights come from different models")
 
 
-def check_memory(nbytes: int, what: str) -> None:
-    """Raise CheckpointError when `nbytes` exceed the memory this machine has available now
-    (psutil `available`: free plus reclaimable page cache), before anything is allocated."""
+def check_memory(nbytes: int, what: str, error: type[ArkError] = CheckpointError,
+                 hint: str = "free memory, use a machine with more RAM, or use a smaller or "
+                 "quantised model") -> None:
+    """Raise `error` when `nbytes` exceed the memory this machine has available now (psutil
+    `available`: free plus reclaimable page cache), before anything is allocated."""
     import psutil
 
     available = int(psutil.virtual_memory().available)
     if nbytes > available:
-        raise CheckpointError(f"{what} needs {nbytes / 1024**3:.2f} GiB of memory but this machine "
-                              f"has {available / 1024**3:.2f} GiB available",
-                              hint="free memory, use a machine with more RAM, or use a smaller or "
-                              "quantised model")
+        raise error(f"{what} needs {nbytes / 1024**3:.2f} GiB of memory but this machine has "
+                    f"{available / 1024**3:.2f} GiB available", hint=hint)
 
 
 def check_weights(expected: dict[str, tuple[int, ...]], weights: LazyWeights, source: Path) -> None:

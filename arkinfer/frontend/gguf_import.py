@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from arkinfer.errors import GGUFError
+from arkinfer.errors import CheckpointError, GGUFError
 from arkinfer.frontend import gguf_model, gguf_tokenizer
 from arkinfer.frontend.gguf_reader import GGUFFile
+from arkinfer.frontend.safetensors_io import read_metadata
 from arkinfer.frontend.shard_writer import DTYPES, TensorSpec, WeightDtype, write_shards
 from arkinfer.output_folder import (OutputError, check_output, remove_leftovers,
                                      replace_folder, staging_path)
@@ -64,18 +64,13 @@ def imported_metadata(folder: Path) -> dict[str, str] | None:
     """The `arkinfer_*` metadata of the first safetensors shard of a folder this importer wrote
     (e.g. {"arkinfer_source": "gguf", "arkinfer_importer": "1", ...}); None for any other folder."""
     files = sorted(folder.glob("*.safetensors"))
-    if not files or not (folder / "config.json").is_file() or not files[0].is_file():
+    if not files or not (folder / "config.json").is_file():
         return None
     try:
-        with open(files[0], "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            if size > 100 << 20:
-                return None
-            header = json.loads(fh.read(size))
-        meta = header.get("__metadata__") if isinstance(header, dict) else None
-    except (OSError, struct.error, ValueError):
+        meta = read_metadata(files[0])
+    except CheckpointError:
         return None
-    if not isinstance(meta, dict) or meta.get("arkinfer_source") != "gguf":
+    if meta.get("arkinfer_source") != "gguf":
         return None
     return {k: v for k, v in meta.items() if k.startswith("arkinfer_")}
 

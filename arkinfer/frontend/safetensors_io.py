@@ -57,6 +57,21 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
     the data section exactly, in order, without gaps or overlaps (a truncated download is
     caught here).
     """
+    header, data_size = _load_header(file)
+    infos = {name: _tensor_info(file, name, entry) for name, entry in header.items()
+             if name != "__metadata__"}
+    _check_layout(file, infos, data_size)
+    return {name: info for name, (info, _) in infos.items()}
+
+
+def read_metadata(file: Path) -> dict[str, str]:
+    """The header's `__metadata__` (string to string; {} when absent), without the tensor checks."""
+    header, _ = _load_header(file)
+    return header.get("__metadata__", {})
+
+
+def _load_header(file: Path) -> tuple[dict, int]:
+    """(header JSON object with a valid `__metadata__`, bytes of the data section)."""
     require_regular_file(file, "safetensors file", CheckpointError)
     hint = "re-download or re-export the checkpoint"
     try:
@@ -85,10 +100,7 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise CheckpointError(f"'__metadata__' in {file} must map strings to strings, got "
                               f"{_short(meta)}", hint=hint)
-    infos = {name: _tensor_info(file, name, entry) for name, entry in header.items()
-             if name != "__metadata__"}
-    _check_layout(file, infos, size - 8 - header_len)
-    return {name: info for name, (info, _) in infos.items()}
+    return header, size - 8 - header_len
 
 
 def _short(value: object) -> str:

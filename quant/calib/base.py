@@ -65,6 +65,16 @@ class CalibContext:
     strict: bool = False
     scale_dtype: torch.dtype | None = torch.float16
 
+    def refusal(self, qw: QuantizedWeight, name: str) -> str | None:
+        """None when the format stores `qw`; else why not (with `strict`: StrictError)."""
+        try:
+            self.fmt.check(qw, name)
+        except FormatError as exc:
+            if self.strict:
+                raise StrictError(exc.message, exc.hint) from None
+            return exc.message
+        return None
+
 
 class StrictError(FormatError):
     """--strict and the format cannot take a layer."""
@@ -167,12 +177,9 @@ class BlockCalibrator:
         """Check `qw` against the format; install it (or keep float and report the refusal).
         `original` is the weight Ŵ is compared with (default: the linear's current weight)."""
         full = runner.full(name)
-        try:
-            ctx.fmt.check(qw, full)
-        except FormatError as exc:
-            if ctx.strict:
-                raise StrictError(exc.message, exc.hint) from None
-            result.reports.append(LinearReport(full, "refused", "float", reason=exc.message))
+        why = ctx.refusal(qw, full)
+        if why is not None:
+            result.reports.append(LinearReport(full, "refused", "float", reason=why))
             return False
         w = runner.weight(name) if original is None else original
         w_hat = qw.dequantize()

@@ -46,10 +46,10 @@ from arkinfer.errors import CheckpointError
 from arkinfer.frontend.checkpoint import Checkpoint, check_weights, open_checkpoint
 
 from ..calib_data import CalibData
-from ..formats import FormatError, get_format
+from ..formats import get_format
 from ..recipe import QuantRecipe
 from ..weight import Kind, QuantError, QuantizedWeight
-from .base import CalibContext, StrictError, hessian_snr_db, output_snr_db, trim_heap
+from .base import CalibContext, hessian_snr_db, output_snr_db, trim_heap
 from .block import LINEARS, BlockRunner
 from .hessian import HessianAccumulator
 from .registry import config_as_dict, config_for, handler_for
@@ -290,30 +290,37 @@ def _tail(ckpt: Checkpoint, recipe: QuantRecipe, handler, ctx: CalibContext, x: 
         path.unlink(missing_ok=True)
         return None
     cfg = ckpt.config
-    name = "lm_head"
-    w_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    w = ckpt.weights.get(w_name).to(torch.float32, copy=True)
+    w = tail_weight(ckpt)
     norm_w = ckpt.weights.get("model.norm.weight").float()
     release_maps(ckpt)
     h = torch.ops.arkinfer.rms_norm(x, norm_w, cfg.rms_norm_eps) / cfg.logit_divisor
-    acc = HessianAccumulator(w.shape[1], name)
+    acc = HessianAccumulator(w.shape[1], "lm_head")
     acc.add(h, mask)
-    hess = acc.hessian() if acc.count else None
+    return save_tail(path, handler, ctx, w, acc.hessian() if acc.count else None)
+
+
+def tail_weight(ckpt: Checkpoint) -> Tensor:
+    """lm_head's float32 weight (the embedding when they are tied)."""
+    tied = ckpt.config.tie_word_embeddings
+    w = ckpt.weights.get("model.embed_tokens.weight" if tied else "lm_head.weight")
+    return w.to(torch.float32, copy=True)
+
+
+def save_tail(path: Path, handler, ctx: CalibContext, w: Tensor, hess: Tensor | None) -> dict:
+    """Quantise lm_head (`hess`: its input Hessian, None without tokens), check it against the
+    format and write `path`; returns the tail's report."""
     t0 = time.perf_counter()
-    qw = handler.quantize_tail(name, w, hess, ctx)
-    info: dict[str, Any] = {"name": name, "recipe": handler.describe()}
-    try:
-        ctx.fmt.check(qw, name)
-    except FormatError as exc:
-        if ctx.strict:
-            raise StrictError(exc.message, exc.hint) from None
-        info.update(status="refused", reason=exc.message)
+    qw = handler.quantize_tail("lm_head", w, hess, ctx)
+    info: dict[str, Any] = {"name": "lm_head", "recipe": handler.describe()}
+    why = ctx.refusal(qw, "lm_head")
+    if why is not None:
+        info.update(status="refused", reason=why)
         save_weights(path, {}, {}, info)
         return info
     info.update(status="quantised", seconds=round(time.perf_counter() - t0, 3),
                 snr_db=_round(hessian_snr_db(w, qw.dequantize(), hess) if hess is not None
                               else None))
-    save_weights(path, {name: qw}, {}, info)
+    save_weights(path, {"lm_head": qw}, {}, info)
     return info
 
 

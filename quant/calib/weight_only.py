@@ -23,9 +23,9 @@ import torch
 
 from arkinfer.frontend.checkpoint import Checkpoint, open_checkpoint
 
-from ..formats import FormatError, get_format
+from ..formats import get_format
 from ..recipe import QuantRecipe
-from .base import CalibContext, LinearReport, StrictError
+from .base import CalibContext, LinearReport
 from .block import LINEARS
 from .registry import config_as_dict, config_for, handler_for
 from .stream import (
@@ -35,7 +35,9 @@ from .stream import (
     check_source,
     load_info,
     release_maps,
+    save_tail,
     save_weights,
+    tail_weight,
 )
 
 WEIGHT_ONLY = ("rtn", "ternary")
@@ -80,7 +82,7 @@ def quantize_weight_only(source: str | Path | Checkpoint, recipe: QuantRecipe,
                 continue
             w = ckpt.weights.get(full + ".weight").to(torch.float32, copy=True)
             qw = handler.quantize_weight(w, full, ctx)
-            why = _refusal(fmt, qw, full, strict)
+            why = ctx.refusal(qw, full)
             if why is None:
                 quantized[full] = qw
                 reports.append(LinearReport(full, "quantised", handler.describe()))
@@ -99,35 +101,11 @@ def quantize_weight_only(source: str | Path | Checkpoint, recipe: QuantRecipe,
                           round(time.perf_counter() - t_start, 3))
 
 
-def _refusal(fmt, qw, name: str, strict: bool) -> str | None:
-    """None when the format stores `qw`; else the reason (StrictError with `strict`)."""
-    try:
-        fmt.check(qw, name)
-    except FormatError as exc:
-        if strict:
-            raise StrictError(exc.message, exc.hint) from None
-        return exc.message
-    return None
-
-
 def _tail(ckpt: Checkpoint, recipe: QuantRecipe, handler, ctx: CalibContext,
           work_dir: Path) -> dict | None:
     """lm_head from its weights alone (unless the recipe skips it), as `stream._tail` stores it."""
-    path = work_dir / "tail.safetensors"
     if recipe.skips("lm_head"):
         return None
-    cfg = ckpt.config
-    w_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    w = ckpt.weights.get(w_name).to(torch.float32, copy=True)
+    w = tail_weight(ckpt)
     release_maps(ckpt)
-    t0 = time.perf_counter()
-    qw = handler.quantize_tail("lm_head", w, None, ctx)
-    info: dict[str, Any] = {"name": "lm_head", "recipe": handler.describe()}
-    why = _refusal(ctx.fmt, qw, "lm_head", ctx.strict)
-    if why is not None:
-        info.update(status="refused", reason=why)
-        save_weights(path, {}, {}, info)
-        return info
-    info.update(status="quantised", seconds=round(time.perf_counter() - t0, 3), snr_db=None)
-    save_weights(path, {"lm_head": qw}, {}, info)
-    return info
+    return save_tail(work_dir / "tail.safetensors", handler, ctx, w, None)
