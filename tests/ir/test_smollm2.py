@@ -10,10 +10,8 @@ from arkinfer import ir
 
 @pytest.fixture(scope="module")
 def smollm2():
-    try:
-        from arkinfer.testing.smollm2 import smollm2_hf_dir
-    except ImportError as exc:
-        pytest.skip(f"arkinfer.testing.smollm2 is not importable: {exc}")
+    from arkinfer.testing.smollm2 import smollm2_hf_dir  # ships with the package: no skip
+
     try:
         folder = smollm2_hf_dir()
     except Exception as exc:  # noqa: BLE001 - any failure to obtain the model is a skip reason
