@@ -27,6 +27,8 @@ imports a backend SDK.
         # at `fidelity_top1` top-1 agreement. Default None (no fidelity check).
     ir_passes: tuple[str, ...]                 # IR passes (arkinfer.ir.PASSES) to run on the
                                                # program before lower; the manifest records them
+    lowers_from_ir: bool                       # default True; False when lower() reads only the
+                                               # weights (gguf): build then skips the trace
     fidelity_top1: float                       # default 0.99
 
 A `Runner` (below) serves verify, eval and bench; `RunnerBase` supplies `attention_modes = ()`
@@ -36,7 +38,9 @@ A `Runner` (below) serves verify, eval and bench; `RunnerBase` supplies `attenti
 checkpoint (`--quant f32/f16/bf16`) or the quantised folder written by `quant.export` in the
 recipe's storage format (gptq / marlin / awq tensors, or ArkInfer's generic layout for the other
 formats, e.g. the exact GGUF block bytes for `gguf-q4_0`). `quant.load` unpacks any of them.
-`LowerRequest.program` is the traced IR after the backend's `ir_passes`.
+`LowerRequest.program` is the traced IR after the backend's `ir_passes` (None when the backend
+says `lowers_from_ir = False`: tracing costs seconds per layer, and a weights-only lowering such as
+GGUF's does not read it).
 """
 
 from __future__ import annotations
@@ -108,6 +112,10 @@ class Runner(Protocol):
 
     vocab_size: int
     attention_modes: tuple[str, ...]  # what set_attention accepts ("dense", "sparse"); () = none
+    fixed_attention: str | None       # None: attention as the model's config says (InfLLM v2
+                                      # past dense_len); "dense": the runtime always runs dense
+                                      # (upstream llama.cpp), so verify compares with a dense
+                                      # reference and says so
 
     def tokenize(self, text: str) -> list[int]:
         """Ids of `text` as the artifact's runtime tokenizes it (no BOS added)."""
@@ -132,6 +140,7 @@ class RunnerBase:
     """Defaults for runners: no attention switch."""
 
     attention_modes: tuple[str, ...] = ()
+    fixed_attention: str | None = None
 
     def set_attention(self, mode: str) -> None:
         if mode not in self.attention_modes:
@@ -141,12 +150,42 @@ class RunnerBase:
                 hint="leave attention at its default (e.g. --attention default)")
 
 
+class StepRunner(RunnerBase):
+    """A runner over a KV cache that one `_step` call extends: subclasses set `self.dir` (the
+    artifact folder) and `self.tokenizer` (a `tokenizers.Tokenizer` or None) and implement
+    `reset()` and `_step(ids, last_only)` -> logits float32 [len(ids), V] (or [1, V] when
+    `last_only` and the runtime can skip the other rows); this supplies the rest of `Runner`."""
+
+    dir: Path
+    tokenizer: Any
+
+    def _step(self, ids: list[int], last_only: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise NotAvailableError(f"{self.dir} has no tokenizer.json",
+                                    hint="rebuild the artifact from a folder with a tokenizer")
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def window_logits(self, ids: list[int]) -> torch.Tensor:
+        self.reset()
+        return self._step(list(ids), last_only=False)
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        return self._step(list(ids), last_only=True)[-1]
+
+    def decode(self, token: int) -> torch.Tensor:
+        return self._step([int(token)], last_only=True)[-1]
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Everything the pipeline uses of a backend (see the module docstring)."""
 
     name: str
     ir_passes: tuple[str, ...]
+    lowers_from_ir: bool
     fidelity_top1: float
 
     def available(self) -> bool:
@@ -175,6 +214,7 @@ class BackendBase:
 
     name: str = ""
     ir_passes: tuple[str, ...] = ()
+    lowers_from_ir: bool = True
     fidelity_top1: float = 0.99
 
     def preflight(self, raw_config: dict[str, Any], recipe: Any, target: Any,
@@ -210,7 +250,7 @@ def get_backend(name: str) -> Backend:
                                 "a backend registers in the 'arkinfer.backends' entry-point group")
     backend = eps[name].load()
     if not isinstance(backend, Backend):
-        missing = [m for m in ("name", "ir_passes", "fidelity_top1", "available", "install_hint",
+        missing = [m for m in ("name", "ir_passes", "lowers_from_ir", "fidelity_top1", "available", "install_hint",
                                "preflight", "lower", "load", "reference_weights")
                    if not hasattr(backend, m)]
         raise NotAvailableError(f"entry point {eps[name].value!r} of backend {name!r} does not "

@@ -106,8 +106,18 @@ def resolve(quant: str, raw_config: dict[str, Any], target: Any,
         return Resolution(quant, scheme, chosen, None, scheme, tuple(notes))
     from arkinfer.quant.recipe import get_preset
 
-    recipe, fit_notes = fit_recipe(get_preset(scheme), raw_config,
-                                   target.backend(chosen).quant_formats)
+    preset = get_preset(scheme)
+    recipe, fit_notes = fit_recipe(preset, raw_config, target.backend(chosen).quant_formats)
+    if backend is None and not fits(recipe.format, recipe, raw_config):
+        # The chosen backend would leave linears in float: prefer one whose formats fit them all
+        # (ternary on 128-wide rows: gguf's TQ formats cannot, the reference's `ternary` can).
+        for name in order:
+            if name != chosen and _takes(target, name, scheme):
+                alt, alt_notes = fit_recipe(preset, raw_config, target.backend(name).quant_formats)
+                if fits(alt.format, alt, raw_config):
+                    notes = [f"{name}: {chosen} would keep linears of this model in float "
+                             f"({preset.format})"]
+                    return Resolution(quant, scheme, name, alt, "f32", tuple(notes + alt_notes))
     return Resolution(quant, scheme, chosen, recipe, "f32", tuple(notes + fit_notes))
 
 

@@ -90,6 +90,7 @@ PRESETS: dict[str, QuantRecipe] = {
     "q8_0": QuantRecipe("rtn", "gguf-q8_0", 8, 32, sym=True),
     "ternary": QuantRecipe("ternary", "gguf-tq2_0", 2, -1, sym=True),
     "mlx4": QuantRecipe("rtn", "mlx", 4, 64, sym=False),
+    "mlx8": QuantRecipe("rtn", "mlx", 8, 64, sym=False),
     # ORT's own quantiser defaults to asymmetric (zero points written).
     "ort4": QuantRecipe("rtn", "ort", 4, 128, sym=False),
 }

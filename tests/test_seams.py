@@ -95,8 +95,8 @@ def test_manifest_passes_and_op_counts_are_those_of_the_lowered_program(tmp_path
 
     from arkinfer import ir
 
-    res = runner.invoke(app, ["build", "demo", "--target", "host", "--quant", "f32", "-o",
-                              str(tmp_path / "a"), "--json"])
+    res = runner.invoke(app, ["build", "demo", "--target", "host", "--backend", "reference",
+                              "--quant", "f32", "-o", str(tmp_path / "a"), "--json"])
     assert res.exit_code == 0, res.output
     m = json.loads(res.stdout)
     backend = get_backend(m["backend"]["name"])

@@ -74,8 +74,10 @@ def test_capability_gates_follow_the_hardware(tid):
     arch = t.codegen.cuda_arch
     sm = int(arch.removeprefix("sm_")) if arch else 0
     cuda_formats = {"marlin", "gptq", "awq"}
-    # reference and onnx run these layouts on any CPU (numpy unpack; ONNX functions/MatMulNBits)
-    cpu_backends = {"reference", "onnx"}
+    # reference and onnx run these layouts on any CPU (numpy unpack; ONNX functions/MatMulNBits);
+    # mlx repacks gptq / awq codes to MLX affine, coreml to constexpr_blockwise_shift_scale
+    # (no CUDA kernel involved)
+    cpu_backends = {"reference", "onnx", "mlx", "coreml"}
     if any(cuda_formats & set(b.quant_formats) for n, b in t.backends.items()
            if n not in cpu_backends):
         assert sm >= 80, "Marlin/GPTQ/AWQ CUDA kernels need sm_80+"
@@ -103,7 +105,7 @@ def test_llama_cpp_devices_accept_gguf():
 
 def test_default_backends():
     expected = {"jetson-orin": "tensorrt", "rtx-4090": "tensorrt", "mac": "mlx", "iphone": "mlx",
-                "android": "tvm", "rpi5": "gguf", "host": "reference"}
+                "android": "tvm", "rpi5": "gguf", "host": "gguf"}
     assert {name: load_target(name).default_backend for name in expected} == expected
 
 

@@ -142,7 +142,9 @@ def command(
         ("weights", f"{m['memory']['weights_bytes'] / 2**20:.1f} MiB"),
         ("verify", (f"passed: top-1 {v['top1_agreement']:.3f}, KL {v['mean_kl']:.4f}, "
                    f"ppl {v['ppl_reference']:.2f} -> {v['ppl_artifact']:.2f} "
-                   f"({v['ppl_delta']:+.1%})")),
+                   f"({v['ppl_delta']:+.1%})"
+                   + (" vs the float model run dense (this runtime runs dense attention)"
+                      if v.get("attention") == "dense" else ""))),
         *([("runtime fidelity", _fidelity(m["verification"]["fidelity"]))]
           if "fidelity" in m["verification"] else []),
         ("notes", "; ".join(m["backend"]["notes"]) or "-"),

@@ -22,7 +22,7 @@ except ImportError:  # older typer runs on click itself
     from click import exceptions as click_exceptions
 
 VERBS = ["targets", "inspect", "run", "eval", "import_", "quantize", "build", "verify", "bench",
-         "plan", "doctor"]
+         "matrix", "plan", "doctor"]
 
 
 class ArkGroup(TyperGroup):

@@ -57,6 +57,8 @@ def command(
                           f"{m['ppl_artifact']:.3f})"), f"<= {t['ppl_delta']:+.0%}"],
             ["max_abs_logit_diff", f"{m['max_abs_logit_diff']:.4g}", "(reported)"],
             ["tokenizer_agreement", f"{m['tokenizer_agreement']:.2f}", "= 1.0"],
+            ["attention", "dense (the float model run dense, as this runtime runs it)"
+             if m.get("attention") == "dense" else "as the model's config says", "(reported)"],
         ])
         if "fidelity" in result:
             f = result["fidelity"]
@@ -69,6 +71,8 @@ def command(
         print_kv("integrity", [("files", result["integrity"]), ("float source", (
             f"{result['source']['path']} (chosen by {result['source']['chosen_by']})"))])
         _print_manifest_differences(result)
+        for line in result.get("deferred", []):
+            err_console.print(f"note: not verified here: {line}")
     if not result["passed"]:
         raise VerifyError(f"{artifact} failed verification: " + "; ".join(result["failures"]),
                           hint="rebuild with a more precise --quant, or pass --threshold to "

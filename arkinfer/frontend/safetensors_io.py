@@ -28,6 +28,7 @@ DTYPES: dict[str, tuple[torch.dtype, int]] = {
     "I32": (torch.int32, 4),
     "I16": (torch.int16, 2),
     "I8": (torch.int8, 1),
+    "U32": (torch.uint32, 4),  # MLX affine codes (quant/formats/mlx.py: weight uint32)
     "U8": (torch.uint8, 1),
     "BOOL": (torch.bool, 1),
 }

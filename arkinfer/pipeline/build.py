@@ -135,19 +135,9 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
     done("load", f"{ckpt.config.num_hidden_layers} layers, {len(source['files'])} files hashed")
     # ---------------------------------------------------------------- trace
     timed("trace")
-    import torch
-
-    from arkinfer import ir
-
-    # Traced once, fp32 types, then the backend's own passes: exactly what it lowers from
-    # (LowerRequest.program) and what the manifest's `ir` records.
-    program = ir.trace(str(plan.source), dtype=torch.float32, shape_only=True)
-    program = ir.run_passes(program, backend.ir_passes)
-    op_counts: dict[str, int] = {}
-    for graph in program.entries.values():
-        for node in graph.nodes:
-            op_counts[str(node.op)] = op_counts.get(str(node.op), 0) + 1
-    done("trace", f"{sum(op_counts.values())} nodes in {len(program.entries)} entry points")
+    program, op_counts = _trace(plan, backend)
+    done("trace", f"{sum(op_counts.values())} nodes in {len(program.entries)} entry points"
+         if program is not None else f"skipped: {plan.backend} lowers from the weights")
     # ---------------------------------------------------------------- quantise
     timed("quantise")
     quant_record, model_dir = _quantise(plan, ckpt, work, rep)
@@ -188,8 +178,9 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
         "name": plan.out.name, "source": source,
         "tokenizer": _tokenizer_record(plan.source, cfg.vocab_size),
         "quant": quant_record,
-        "ir": {"ops": dict(sorted(op_counts.items())), "entry_points": list(program.entries),
-               "passes": list(backend.ir_passes)},
+        "ir": {"ops": dict(sorted(op_counts.items())),
+               "entry_points": list(program.entries) if program is not None else [],
+               "passes": list(backend.ir_passes) if program is not None else []},
         "backend": {"name": plan.backend, "ops": lowered.ops, "toolchain": lowered.toolchain,
                     "notes": list(dict.fromkeys([*plan.notes, *lowered.notes])), "layers": lowered.layers},
         "target": {"id": plan.target.id, "name": plan.target.name,
@@ -201,6 +192,25 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
         "prediction": predict_for(plan),
         "verification": verification,
     }
+
+
+def _trace(plan: BuildPlan, backend) -> tuple[Any, dict[str, int]]:
+    """(program, IR op -> node count): the model traced once (fp32 types) and run through the
+    backend's own passes, exactly what it lowers from (LowerRequest.program) and what the
+    manifest's `ir` records. (None, {}) for a backend that lowers from the weights alone."""
+    if not backend.lowers_from_ir:
+        return None, {}
+    import torch
+
+    from arkinfer import ir
+
+    program = ir.trace(str(plan.source), dtype=torch.float32, shape_only=True)
+    program = ir.run_passes(program, backend.ir_passes)
+    op_counts: dict[str, int] = {}
+    for graph in program.entries.values():
+        for node in graph.nodes:
+            op_counts[str(node.op)] = op_counts.get(str(node.op), 0) + 1
+    return program, op_counts
 
 
 def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[str, Any], Path]:

@@ -241,16 +241,26 @@ def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
 
     step("load the float reference")
     reference = ReferenceRunner(source)
+    # Like with like: a runtime that always runs dense attention (llama.cpp on MiniCPM4) is
+    # compared with the float model run dense; the manifest's `attention` says which.
+    attention = getattr(runner, "fixed_attention", None) or "model"
+    if attention == "dense":
+        reference.set_attention("dense")
     prompts = verification_prompts(reference.tokenizer, read_config(source))
     metrics = parity_metrics(reference, runner, prompts, step)
+    metrics["attention"] = attention
     metrics["tokenizer_agreement"] = tokenizer_agreement(reference.tokenizer, runner)
     thresholds = thresholds_for(recipe, dtype, threshold_overrides)
     failures = judge(metrics, thresholds)
     if metrics["tokenizer_agreement"] < 1.0:
         failures.append(f"tokenizer_agreement {metrics['tokenizer_agreement']:.2f} < 1.0 (the "
                         "artifact's runtime tokenises the prompts differently)")
-    return {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,
-            "failures": failures, "prompt_lengths": [len(p) for p in prompts]}
+    result = {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,
+              "failures": failures, "prompt_lengths": [len(p) for p in prompts]}
+    # A runner that is not the target's runtime (Core ML off macOS) names what it left unchecked.
+    if getattr(runner, "deferred", ()):
+        result["deferred"] = list(runner.deferred)
+    return result
 
 
 def backend_fidelity(backend, artifact: Path, runner, step) -> dict[str, Any] | None:
@@ -265,7 +275,7 @@ def backend_fidelity(backend, artifact: Path, runner, step) -> dict[str, Any] | 
     from arkinfer.pipeline.reference_runner import ReferenceRunner
 
     step(f"load the quantised reference ({Path(weights).name})")
-    quantised = ReferenceRunner(weights)
+    quantised = ReferenceRunner(weights, dense=getattr(runner, "fixed_attention", None) == "dense")
     prompts = verification_prompts(quantised.tokenizer, read_config(quantised.ckpt.path))
     m = parity_metrics(quantised, runner, prompts, step)
     need = float(backend.fidelity_top1)

@@ -13,7 +13,7 @@ from typing import Any
 from arkinfer.errors import TargetError
 
 __all__ = ["COMPUTE_KEYS", "KNOWN_BACKENDS", "SCHEMA_VERSION", "BackendSupport", "Codegen",
-           "DeviceDType", "Provenance", "Quantity", "Target"]
+           "DeviceDType", "MatrixSpec", "Provenance", "Quantity", "Target"]
 
 SCHEMA_VERSION = 1
 PROFILES_PACKAGE = "arkinfer.target_profiles"
@@ -116,6 +116,21 @@ class Codegen:
 
 
 @dataclass(frozen=True)
+class MatrixSpec:
+    """What CI ships for a target (the profile's `[matrix]` table), read by `arkinfer matrix` and
+    .github/workflows/artifacts.yml alike.
+
+    presets: `--quant` values built for this target, one artifact each (empty = none).
+    device_labels: `runs-on` labels of a self-hosted runner that is this device; when set (and
+        the repository enables device jobs) the workflow re-verifies and benches each artifact
+        there. Empty = no on-device job.
+    """
+
+    presets: tuple[str, ...] = ()
+    device_labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Target:
     """A device profile. `memory`, `bandwidth` and `compute` are empty on `measured_at_runtime`
     profiles (host) until `with_measured` fills them in."""
@@ -140,6 +155,7 @@ class Target:
     notes: tuple[str, ...] = ()
     measured_at_runtime: bool = False
     path: str = ""
+    matrix: MatrixSpec = MatrixSpec()
 
     @property
     def quant_formats(self) -> tuple[str, ...]:
@@ -208,6 +224,8 @@ class Target:
             "efficiency": {"bandwidth": opt(self.eta_bw), "compute": opt(self.eta_c)},
             "codegen": self.codegen.to_dict(), "notes": list(self.notes),
             "measured_at_runtime": self.measured_at_runtime, "path": self.path,
+            "matrix": {"presets": list(self.matrix.presets),
+                       "device_labels": list(self.matrix.device_labels)},
         }
 
 

@@ -19,6 +19,7 @@ from arkinfer.targets.model import (
     BackendSupport,
     Codegen,
     DeviceDType,
+    MatrixSpec,
     Provenance,
     Quantity,
     Target,
@@ -28,8 +29,10 @@ from arkinfer.targets.model import (
 _SCHEMA_HINT = "the profile schema is written down in targets/README.md"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a GitHub Actions runner label
 _SPELLING = {_NAME: "lower-case letters, digits, '.', '_' or '-'",
-             _IDENT: "a lower-case identifier: letters, digits and '_'"}
+             _IDENT: "a lower-case identifier: letters, digits and '_'",
+             _LABEL: "a runner label: letters, digits, '.', '_' or '-'"}
 _DERIVATION_RTOL = 5e-3
 _CODEGEN_TYPES: dict[str, type] = {f.name: str for f in dataclasses.fields(Codegen)}
 _CODEGEN_TYPES.update({k: int for k in ("cpu_cores", "sm_count", "max_threads_per_block",
@@ -163,7 +166,7 @@ class _File:
 
 
 _TOP = {"schema", "device", "capabilities", "backends", "memory", "bandwidth", "compute",
-        "efficiency", "codegen"}
+        "efficiency", "codegen", "matrix"}
 _DEVICE = {"id", "name", "vendor", "aliases", "default_backend", "notes", "measured_at_runtime"}
 # (table, key) of the quantities outside [compute]; the first four are required on fixed devices.
 _QUANTITIES = (("memory", "total"), ("bandwidth", "peak"), ("efficiency", "bandwidth"),
@@ -188,6 +191,21 @@ def _backends(f: _File, doc: dict, dtypes: tuple[DeviceDType, ...]) -> dict[str,
         out[name] = BackendSupport(name, f.names(where, table, "quant_formats", _NAME), b_dtypes,
                                    f.typed(where, table, "note", str))
     return out
+
+
+def _matrix(f: _File, doc: dict) -> MatrixSpec:
+    """The optional `[matrix]` table: presets CI builds for this target, and the labels of a
+    self-hosted runner that is the device. Preset names are checked for spelling here; a test
+    checks the shipped profiles' against the preset registry (user profiles may name others)."""
+    if "matrix" not in doc:
+        return MatrixSpec()
+    table = f.keys("matrix", doc["matrix"], {"presets", "device_labels"}, {"presets"})
+    labels = f.names("matrix", table, "device_labels", _LABEL)
+    if labels and "self-hosted" not in labels:
+        raise f.fail("matrix", f"device_labels = {list(labels)} must include 'self-hosted'",
+                     hint="on-device jobs run on your own runner: device_labels = "
+                     "[\"self-hosted\", \"<target id>\"]")
+    return MatrixSpec(f.names("matrix", table, "presets", _NAME), labels)
 
 
 def _parse(doc: dict, where: str, path: str = "") -> Target:
@@ -244,7 +262,7 @@ def _parse(doc: dict, where: str, path: str = "") -> Target:
         sustained_bandwidth=sustained, compute=compute, roofline=roofline,
         eta_bw=q.get("efficiency.bandwidth"), eta_c=q.get("efficiency.compute"),
         codegen=codegen, notes=f.typed("device", dev, "notes", list, ()),
-        measured_at_runtime=runtime, path=path)
+        measured_at_runtime=runtime, path=path, matrix=_matrix(f, doc))
 
 
 def parse_profile(text: str, where: str, path: str) -> Target:

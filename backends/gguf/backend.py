@@ -29,6 +29,8 @@ class GGUFBackend(BackendBase):
     # quantised weights with 8-bit-rounded activations, which flips near-tied top-1 tokens (the
     # demo at q4_0: 98 % top-1 with mean KL 3e-4); a layout or scale bug gives far less.
     fidelity_top1 = 0.95
+    # model.gguf is written from config.json and the (quantised) tensors; the IR is not read.
+    lowers_from_ir = False
 
     def available(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in ("gguf", "llama_cpp"))

@@ -10,6 +10,9 @@ tensor at a time), so peak memory is about one tensor whatever the model size. A
 from __future__ import annotations
 
 import importlib.metadata
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +66,21 @@ def _ops(spec: ArchSpec, config, plan) -> dict[str, str]:
             "rms_norm": "ggml rms_norm", "rope": rope}
 
 
+def _prepared(make, items, workers: int | None = None, ahead: int = 4):
+    """make(item) for every item, in order, computed by `workers` threads (default: the CPU
+    count) at most `ahead` items in front of the consumer, so peak memory stays a few tensors.
+    numpy's quantisers release the GIL, so tensors quantise in parallel while one is written."""
+    workers = workers or os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = deque()
+        for item in items:
+            pending.append(pool.submit(make, item))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def lower(request: LowerRequest) -> LowerResult:
     """Write `request.out_dir / model.gguf`; returns files, ops, toolchain, notes, layers."""
     import gguf
@@ -99,9 +117,10 @@ def lower(request: LowerRequest) -> LowerResult:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for i, t in enumerate(plan.tensors):
+        tensors = _prepared(lambda t: tensor_bytes(ckpt, t, source), plan.tensors)
+        for i, (t, data) in enumerate(zip(plan.tensors, tensors, strict=True)):
             request.progress(f"tensor {i + 1}/{len(plan.tensors)} {t.name} ({t.qtype.name})")
-            writer.write_tensor_data(tensor_bytes(ckpt, t, source))
+            writer.write_tensor_data(data)
     finally:
         writer.close()
     toolchain = {"gguf": _version("gguf") or "unknown"}

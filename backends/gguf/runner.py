@@ -38,6 +38,9 @@ def _llama_cpp():
 class LlamaCppRunner(RunnerBase):
     """One GGUF file loaded in llama.cpp with a context of `n_ctx` tokens (CPU)."""
 
+    # Upstream llama.cpp ignores arkinfer.sparse.*: MiniCPM4 runs dense attention at every length.
+    fixed_attention = "dense"
+
     def __init__(self, gguf_path: str | Path, n_ctx: int = 512, n_threads: int | None = None,
                  vocab_only: bool = False, kv_type: str = "f16", all_logits: bool = True) -> None:
         """kv_type: KV cache element type, "f16" (llama.cpp's default) or "f32" (exact parity

@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from arkinfer.backend import RunnerBase
+from arkinfer.backend import StepRunner
 from arkinfer.errors import NotAvailableError
 from arkinfer.frontend.tokenizer import load_tokenizer
 
@@ -31,7 +31,7 @@ ONNX_FILE = "model.onnx"
 Ops = Literal["contrib", "function"]
 
 
-class OnnxRunner(RunnerBase):
+class OnnxRunner(StepRunner):
     def __init__(self, artifact_dir: str | Path, ops: Ops = "contrib",
                  threads: int | None = None) -> None:
         self.dir = Path(artifact_dir)
@@ -63,12 +63,6 @@ class OnnxRunner(RunnerBase):
         self.tokenizer = load_tokenizer(self.dir)
         self.reset()
 
-    def tokenize(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise NotAvailableError(f"{self.dir} has no tokenizer.json",
-                                    hint="rebuild the artifact from a folder with a tokenizer")
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
     def reset(self) -> None:
         """Empty every cache (KV and compressed keys: zero-length along their sequence axis)."""
         self.cache = {}
@@ -77,7 +71,7 @@ class OnnxRunner(RunnerBase):
             self.cache[i.name] = np.zeros(shape, np.float32)
         self.pos = 0
 
-    def _step(self, ids: list[int]) -> torch.Tensor:
+    def _step(self, ids: list[int], last_only: bool = False) -> torch.Tensor:
         feeds = {"tokens": np.asarray([ids], np.int64),
                  "positions": np.arange(self.pos, self.pos + len(ids), dtype=np.int64), **self.cache}
         out = self.session.run(None, feeds)
@@ -85,13 +79,3 @@ class OnnxRunner(RunnerBase):
             self.cache[name.replace("present.", "past.", 1)] = value
         self.pos += len(ids)
         return torch.from_numpy(out[0][0])
-
-    def window_logits(self, ids: list[int]) -> torch.Tensor:
-        self.reset()
-        return self._step(list(ids))
-
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        return self._step(list(ids))[-1]
-
-    def decode(self, token: int) -> torch.Tensor:
-        return self._step([int(token)])[-1]

@@ -1,59 +1,159 @@
-"""The optional C decode kernels (arkinfer/ops/infllmv2/decode_kernel.c) against plain torch
-matmuls on the same gathered rows. Skipped, with the reason, where they cannot be built."""
+"""The C decode step (arkinfer/ops/infllmv2/decode_kernel.c) against the literal reference
+(arkinfer/ops/infllmv2/reference.py) and the pure-torch decode path: every GQA group size, fp32 /
+bf16 / fp16 caches, strided tensors, separate selection queries, 1 to 3 threads. Skipped, with the
+reason, where the kernel cannot be built (the conformance suite covers the torch path there)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
+from arkinfer.ops.infllmv2 import SparseConfig, compress_keys, infllmv2_attention
+from arkinfer.ops.infllmv2 import reference as ref
+from arkinfer.ops.infllmv2.decode import decode_select, decode_step
 from arkinfer.ops.infllmv2.native import kernels, torch_only
 
 native = kernels()
 needs_native = pytest.mark.skipif(native is None, reason="no C compiler or no AVX2/FMA CPU: the "
                                   "decode path runs pure torch (tests/conformance covers it)")
 
+SMALL = SparseConfig(kernel_size=8, kernel_stride=4, block_size=16, init_blocks=1, window_size=32,
+                     topk=4, dense_len=-1)
+# Output tolerance per dtype (atol, rtol), as tests/conformance/infllmv2_checks.py.
+TOL = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (1e-2, 1.6e-2), torch.float16: (2e-3, 2e-3)}
 
-def _rows(x: torch.Tensor, blocks: torch.Tensor, bs: int, tail0: int, n_tail: int) -> torch.Tensor:
-    """The rows the kernels visit: each selected block, then the tail."""
-    parts = [x[b * bs:(b + 1) * bs] for b in blocks.tolist()] + [x[tail0:tail0 + n_tail]]
-    return torch.cat(parts)
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _case(group: int, hkv: int, batch: int, d: int, length: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, group * hkv, 1, d, generator=g).to(dtype)
+    k = torch.randn(batch, hkv, length, d, generator=g).to(dtype)
+    v = torch.randn(batch, hkv, length, d, generator=g).to(dtype)
+    return q, k, v
+
+
+def _check_against_reference(q, k, v, config, q_sel=None, k_sel=None):
+    """One native decode step == the reference: same idx, output within the dtype's tolerance."""
+    cache_len = k.shape[2] - 1
+    scale = q.shape[-1] ** -0.5
+    keys = compress_keys(k if k_sel is None else k_sel, config)
+    out, idx = decode_step(q, k, v, keys, config=config, scale=scale, cache_len=cache_len,
+                           q_sel=q_sel)
+    r_config = replace(config, use_nope=q_sel is not None)
+    _, _, r_idx = ref.infllmv2_attention(q, k, v, config=r_config, scale=scale,
+                                         cache_len=cache_len, q_sel=q_sel, k_sel=k_sel)
+    assert torch.equal(idx, r_idx)
+    want = ref.block_sparse_attention(q, k, v, idx, config=config, scale=scale,
+                                      cache_len=cache_len)
+    atol, rtol = TOL[q.dtype]
+    assert out.dtype == q.dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), want.float(), atol=atol, rtol=rtol)
+    return out, idx
 
 
 @needs_native
-@pytest.mark.parametrize("group,d,n_tail", [(16, 128, 37), (8, 64, 0), (16, 64, 3), (8, 128, 64)])
-def test_scores_and_weighted_sum_match_torch(group, d, n_tail):
-    g = torch.Generator().manual_seed(group + d + n_tail)
-    bs, s = 64, 3000
-    cache = torch.randn(2, s + 5, d, generator=g)[:, :s]     # row stride d, head stride (s+5)*d
+@pytest.mark.parametrize("group,hkv,batch,d,dtype,threads", [
+    (1, 2, 1, 64, torch.float32, 1), (2, 2, 2, 128, torch.bfloat16, 2),
+    (3, 1, 1, 64, torch.float16, 2), (4, 2, 1, 128, torch.float32, 3),
+    (5, 1, 2, 64, torch.bfloat16, 1), (8, 2, 1, 64, torch.float16, 3),
+    (12, 1, 1, 128, torch.float32, 2), (16, 1, 1, 128, torch.bfloat16, 3),
+    (16, 2, 1, 64, torch.float32, 2), (24, 1, 1, 64, torch.float32, 1)])
+def test_decode_step_matches_reference(group, hkv, batch, d, dtype, threads):
+    """Group sizes with and without a full tile of 8 / 16 heads, all dtypes, threads splitting
+    whole heads (heads % threads == 0) or every phase (otherwise)."""
+    torch.set_num_threads(threads)
+    for length in (300, 305, 320):     # partial last block, and none
+        q, k, v = _case(group, hkv, batch, d, length, dtype, seed=group * 10 + length)
+        _check_against_reference(q, k, v, SMALL)
+
+
+@needs_native
+def test_minicpm_config_and_thread_counts_agree_bitwise():
+    """MiniCPM4.1's config past 8K; the split over threads does not change a single bit."""
+    cfg = replace(SparseConfig(), dense_len=-1)
+    q, k, v = _case(16, 2, 1, 128, 8192 + 77, torch.bfloat16, seed=1)
+    results = []
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        results.append(_check_against_reference(q, k, v, cfg))
+    for out, idx in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(idx, results[0][1])
+
+
+@needs_native
+def test_strided_tensors_and_separate_selection_queries():
+    """q as a transposed [B, T, Hq, D] buffer, a KV cache with spare capacity (head stride >
+    S * D), and use_nope-style selection queries / keys that differ from the attention ones."""
+    torch.set_num_threads(2)
+    g = torch.Generator().manual_seed(5)
+    b, hq, hkv, d, length = 2, 8, 2, 64, 290
+    q = torch.randn(b, 1, hq, d, generator=g).transpose(1, 2)            # non-contiguous
+    cache = torch.randn(2, b, hkv, length + 40, d, generator=g)[:, :, :, :length]
     k, v = cache[0], cache[1]
-    blocks = torch.randperm(s // bs - 2, generator=g)[:9]     # unsorted, as selection may give
-    tail0 = s - n_tail
-    q = torch.randn(group, d, generator=g)
-    n = blocks.numel() * bs + n_tail
-    scores = torch.full((group, n + 5), float("nan"))         # wider than needed: ns > n
-    native.scores(q.T.contiguous(), k, blocks, bs, tail0, n_tail, scores)
-    want = q @ _rows(k, blocks, bs, tail0, n_tail).T
-    torch.testing.assert_close(scores[:, :n], want, rtol=1e-5, atol=1e-5)
-    assert scores[:, n:].isnan().all()                         # nothing written past n
-
-    probs = torch.softmax(want, -1)
-    out = torch.full((group, d), float("nan"))
-    native.pv(probs, v, blocks, bs, tail0, n_tail, out)
-    torch.testing.assert_close(out, probs @ _rows(v, blocks, bs, tail0, n_tail),
-                               rtol=1e-5, atol=1e-5)
+    q_sel = torch.randn(b, hq, 1, d, generator=g)
+    k_sel = torch.randn(b, hkv, length, d, generator=g)
+    _check_against_reference(q, k, v, SMALL)
+    _check_against_reference(q, k, v, replace(SMALL, use_nope=True), q_sel=q_sel, k_sel=k_sel)
 
 
 @needs_native
-def test_unsupported_shapes_are_left_to_torch():
-    assert native.supports(16, 128, torch.zeros(4, 128))
-    assert not native.supports(2, 128, torch.zeros(4, 128))            # group
-    assert not native.supports(16, 72, torch.zeros(4, 72))             # head_dim
-    assert not native.supports(16, 128, torch.zeros(4, 128, dtype=torch.bfloat16))
-    assert not native.supports(16, 128, torch.zeros(128, 4).T)         # rows not contiguous
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_native_and_torch_paths_agree(dtype):
+    """The C step and the pure-torch step: same blocks, outputs within the dtype's tolerance;
+    the selection-only entry (select.py's decode) gives the same blocks too."""
+    q, k, v = _case(4, 2, 1, 64, 333, dtype, seed=3)
+    keys = compress_keys(k[:, :, :332], SMALL)
+    out, _, idx = infllmv2_attention(q, k, v, config=SMALL, scale=0.125, cache_len=332,
+                                     state=keys)
+    with torch_only():
+        t_out, _, t_idx = infllmv2_attention(q, k, v, config=SMALL, scale=0.125, cache_len=332,
+                                             state=keys)
+    assert torch.equal(idx, t_idx)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), t_out.float(), atol=atol, rtol=rtol)
+    far = decode_select(q, compress_keys(k, SMALL), config=SMALL, scale=0.125, cache_len=332)
+    assert torch.equal(far, idx[:, :, 0, :SMALL.topk - 1].reshape(far.shape))
+
+
+@needs_native
+def test_extreme_logits_keep_the_reference_semantics():
+    """Logits far past exp's fp32 range (a needle of strength 40: 200 nats) select the needle and
+    attend to its values without inf/NaN; a key component of 1e22 against one head's query
+    component of 1e20 overflows that head only (NaN counts as 0 per head, docs/infllmv2.md §9)."""
+    q, k, v = _case(4, 1, 1, 64, 400, torch.float32, seed=7)
+    u = torch.nn.functional.normalize(torch.randn(64, generator=torch.Generator().manual_seed(3)),
+                                      dim=0)
+    k[:, :, 48:64] = 40 * u
+    v[:, :, 48:64] = 5.0
+    q[:, :, 0] = 40 * u
+    out, idx = _check_against_reference(q, k, v, SMALL)
+    assert (idx == 3).any() and bool((out > 4.0).all())
+    k[:, 0, 48:64, 0] = 1e22
+    q[:, :, 0, 0] = 0.0
+    q[:, 0, 0, 0] = 1e20
+    keys = compress_keys(k, SMALL)
+    _, idx = decode_step(q, k, v, keys, config=SMALL, scale=0.125, cache_len=399)
+    _, _, r_idx = ref.infllmv2_attention(q, k, v, config=SMALL, scale=0.125, cache_len=399)
+    assert torch.equal(idx, r_idx) and (idx == 3).any()
+
+
+def test_unsupported_head_dim_runs_torch():
+    """head_dim 72 (not a multiple of 16): the torch path, still exact."""
+    q, k, v = _case(4, 1, 1, 72, 300, torch.float32, seed=9)
+    _check_against_reference(q, k, v, SMALL)
+    if native is not None:
+        assert not native.supports(72, q) and native.supports(64, q[..., :64])
     with torch_only():
         assert kernels() is None
     assert kernels() is native

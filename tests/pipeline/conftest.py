@@ -13,5 +13,6 @@ SMALL_CALIB = CalibSettings(None, samples=8, seq_len=128)
 @pytest.fixture(scope="session")
 def demo_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist") / "demo.host.q4_0"
-    plan = resolve_plan("demo", target="host", quant="q4_0", out=out, calib=SMALL_CALIB)
+    plan = resolve_plan("demo", target="host", quant="q4_0", backend="reference", out=out,
+                        calib=SMALL_CALIB)
     return build(plan).path

@@ -144,7 +144,8 @@ def artifact(worker, tmp_path_factory):
     config.pop("sparse_config")
     (source / "config.json").write_text(json.dumps(config))
     out = root / "artifact"
-    res = worker.run("build", source, "--target", "host", "--quant", "f32", "-o", out)
+    res = worker.run("build", source, "--target", "host", "--backend", "reference", "--quant",
+                     "f32", "-o", out)
     assert res["code"] == 0, res["output"]
     return out
 

@@ -91,7 +91,8 @@ def built(tmp_path_factory):
     source = _dense_demo(root / "dense-demo")
     env = {**os.environ, "FORCE_COLOR": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     proc = subprocess.run([sys.executable, "-m", "arkinfer.cli.main", "build", str(source),
-                           "--target", "host", "--quant", "f32", "-o", "a[/x]"],
+                           "--target", "host", "--backend", "reference", "--quant", "f32",
+                           "-o", "a[/x]"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root / "a[" / "x]", proc.stdout + proc.stderr
@@ -323,7 +324,8 @@ def test_usage_errors_use_the_error_hint_format(args, needle):
     ("/sys/arkinfer-out", ["/sys/", "not permitted"]),
 ])
 def test_unwritable_output_names_the_path(out, needles):
-    res = invoke("build", "demo", "--target", "host", "--quant", "f32", "-o", out)
+    res = invoke("build", "demo", "--target", "host", "--backend", "reference", "--quant", "f32",
+                 "-o", out)
     assert_clean_error(res, *needles)
 
 

@@ -1,6 +1,9 @@
-"""Fast decode (one new query per sequence), stages 1 and 2 fused (docs/infllmv2.md §3-§4).
+"""Fast decode (one new query per sequence), stages 1 and 2 fused (docs/infllmv2.md §3-§4, §10).
 
-Same arithmetic as `reference.py`, organised so a decode step costs few torch ops and reads each
+`decode_step` is what a model's decode step runs: with the C kernel of `native.py` (any GQA group,
+fp32 / bf16 / fp16 caches, head_dim a multiple of 16) it is one call that selects the blocks and
+attends to them for every KV head, on torch's threads, reading the selected KV rows in place.
+Otherwise the same arithmetic runs in torch, organised so a step costs few ops and reads each
 byte it needs about once:
   * stage 1 scores all KV heads with one batched matmul against the fine compressed keys; the
     coarse normaliser comes from those same logits (a coarse kernel is the mean of the four
@@ -8,14 +11,10 @@ byte it needs about once:
     second pass over the coarse keys;
   * the forced blocks (init, local window) are known, so top-k runs only over the candidate blocks
     between them, with one exact int64 top-k (score bits, then lower block first);
-  * stage 2, with the C kernels of `native.py` (fp32 cache, groups of 8 or 16, head_dim a
-    multiple of 16): scores every selected row in place, one softmax, then the weighted sum of V
-    rows, no copy of the cache;
-  * stage 2 in torch otherwise: copies the selected full blocks, a few at a time, into a small
-    buffer that stays in the L2 cache (the copy streams from memory near full bandwidth; matmuls
-    reading scattered blocks straight from DRAM run well below it), scores them with one
-    batched matmul per chunk, takes one softmax over every selected key, then gathers V alike.
-The C kernels also compute the stage-1 logits when they apply.
+  * stage 2 copies the selected full blocks, a few at a time, into a small buffer that stays in
+    the L2 cache (the copy streams from memory near full bandwidth; matmuls reading scattered
+    blocks straight from DRAM run well below it), scores them with one batched matmul per chunk,
+    takes one softmax over every selected key, then gathers V alike.
 Shapes: B batch, Hkv KV heads, G = Hq / Hkv query heads per KV head, D head_dim, BH = B * Hkv.
 """
 
@@ -27,9 +26,9 @@ from torch import Tensor
 
 from arkinfer.ops.infllmv2.common import CompressedKeys, check_keys_cover
 from arkinfer.ops.infllmv2.config import COARSE_FACTOR, SparseConfig
-from arkinfer.ops.infllmv2.native import NativeKernels, kernels
+from arkinfer.ops.infllmv2.native import kernels
 
-__all__ = ["decode_attention", "decode_is_sparse", "decode_select"]
+__all__ = ["decode_attention", "decode_idx", "decode_is_sparse", "decode_select", "decode_step"]
 
 _CHUNK_BYTES = 512 * 1024      # K (or V) bytes of all BH heads copied per chunk: half of L2
 _BLOCK_BITS = 24               # block ids below 2^24 (1G tokens at block_size 64)
@@ -43,6 +42,27 @@ def decode_is_sparse(cache_len: int, config: SparseConfig) -> bool:
     return cache_len // config.block_size + 1 > config.budget
 
 
+def decode_step(q: Tensor, k: Tensor, v: Tensor, keys: CompressedKeys, *, config: SparseConfig,
+                scale: float, cache_len: int, q_sel: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """A whole sparse decode step (decode_is_sparse must hold): q [B, Hq, 1, D] attends to
+    k / v [B, Hkv, cache_len + 1, D] (rows of D contiguous), the blocks chosen with q_sel (default
+    q) and the compressed keys of the whole cache -> (out [B, Hq, 1, D] in q.dtype,
+    idx int64 [B, Hkv, 1, budget])."""
+    sel = q if q_sel is None else q_sel
+    native = kernels()
+    if (native is not None and k.dtype == v.dtype
+            and native.supports(q.shape[3], q, sel, k, v, keys.fine, keys.coarse)):
+        check_keys_cover(keys, cache_len + 1)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        idx = torch.empty(q.shape[0], k.shape[1], 1, config.budget, dtype=torch.int64)
+        native.decode(sel, q, keys, k, v, config=config, scale=scale, cache_len=cache_len,
+                      idx=idx, out=out)
+        return out, idx
+    far = decode_select(sel, keys, config=config, scale=scale, cache_len=cache_len)
+    out = decode_attention(q, k, v, far, config=config, scale=scale, cache_len=cache_len)
+    return out, decode_idx(far, config, cache_len, q.shape[0])
+
+
 def decode_select(q: Tensor, keys: CompressedKeys, *, config: SparseConfig, scale: float,
                   cache_len: int) -> Tensor:
     """Stage 1 for one query per sequence at position cache_len (decode_is_sparse must hold).
@@ -54,17 +74,16 @@ def decode_select(q: Tensor, keys: CompressedKeys, *, config: SparseConfig, scal
     check_keys_cover(keys, cache_len + 1)
     hkv = keys.fine.shape[1]
     bh, group = b * hkv, hq // hkv
+    native = kernels()
+    if native is not None and native.supports(d, q, keys.fine, keys.coarse):
+        idx = torch.empty(bh, config.budget, dtype=torch.int64)
+        native.decode(q, None, keys, None, None, config=config, scale=scale,
+                      cache_len=cache_len, idx=idx, out=None)
+        return idx[:, :config.topk - 1]
     qf = q.reshape(bh, group, d).float().mul(scale)
     fine = keys.fine.reshape(bh, -1, d)
-    native = kernels()
-    if native is not None and native.supports(group, d, fine):
-        q_t = qf.transpose(1, 2).contiguous()
-        logits = torch.empty(bh, group, fine.shape[1])
-        no_blocks = torch.empty(0, dtype=torch.int64)
-        for i in range(bh):
-            native.scores(q_t[i], fine[i], no_blocks, 1, 0, fine.shape[1], logits[i])
-    else:   # keys as the tall left operand: ~1.3x faster than q @ K^T with G rows
-        logits = torch.bmm(fine, qf.transpose(1, 2)).transpose(1, 2)
+    # keys as the tall left operand: ~1.3x faster than q @ K^T with G rows
+    logits = torch.bmm(fine, qf.transpose(1, 2)).transpose(1, 2)
     lse = _coarse_lse(logits, qf, keys, config)                                 # [BH, G]
     # p_h[j] = exp(logit - lse_h); a NaN (inf - inf) counts as 0 *per head*, before the group
     # sum, as the reference does (one overflowing head must not wipe the others' scores).
@@ -93,10 +112,6 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, far: Tensor, *, config: Sp
     first = cache_len // bs - config.local_blocks       # the window's first block
     rows = torch.cat([far, torch.arange(first, n_full).expand(bh, -1)], 1)  # [BH, n_sel]
     qf = q.reshape(bh, group, d).float().mul(scale)
-    native = kernels()
-    if native is not None and native.supports(group, d, k, v):
-        out = _attend_native(native, qf, k, v, rows, bs, n_full * bs, end - n_full * bs)
-        return out.view(b, hq, 1, d).to(q.dtype)
     k_blocks = _block_rows(k, n_full, bs)
     v_blocks = _block_rows(v, n_full, bs)
     chunk = max(1, _CHUNK_BYTES // (bh * bs * d * k.element_size()))
@@ -115,23 +130,6 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, far: Tensor, *, config: Sp
     for lo, hi in spans:
         out.baddbmm_(probs[:, :, lo * bs:hi * bs], _gather(v_blocks, rows, lo, hi, buf, d))
     return out.view(b, hq, 1, d).to(q.dtype)
-
-
-def _attend_native(native: NativeKernels, qf: Tensor, k: Tensor, v: Tensor, rows: Tensor, bs: int, tail0: int,
-                   n_tail: int) -> Tensor:
-    """Stage 2 by the C kernels: qf [BH, G, D] scaled, rows [BH, n_sel] full blocks, then keys
-    tail0 .. tail0 + n_tail - 1 -> fp32 [BH, G, D]."""
-    bh, group, d = qf.shape
-    heads = [(i, h) for i in range(k.shape[0]) for h in range(k.shape[1])]
-    q_t = qf.transpose(1, 2).contiguous()                                      # [BH, D, G]
-    scores = torch.empty(bh, group, rows.shape[1] * bs + n_tail)
-    for j, (i, h) in enumerate(heads):
-        native.scores(q_t[j], k[i, h], rows[j], bs, tail0, n_tail, scores[j])
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.empty(bh, group, d)
-    for j, (i, h) in enumerate(heads):
-        native.pv(probs[j], v[i, h], rows[j], bs, tail0, n_tail, out[j])
-    return out
 
 
 def _coarse_lse(logits: Tensor, qf: Tensor, keys: CompressedKeys, config: SparseConfig

@@ -1,152 +1,445 @@
-/* InfLLM v2 decode kernels (fp32, AVX2 + FMA), compiled on first use by native.py; torch is the
- * fallback wherever they do not apply.
+/* InfLLM v2 decode step in C (docs/infllmv2.md §3-§4, §10): one new query per sequence, block
+ * selection and block-sparse attention in one call, split over OpenMP threads. native.py builds it
+ * on first use (AVX2 + FMA + F16C, -fopenmp when the compiler has it: the library then binds to
+ * the libgomp torch has already loaded, so it runs on torch's own thread pool) and fills
+ * ark_decode_args from the tensors; decode.py holds the same arithmetic in torch.
  *
- * One KV head, G query heads (its GQA group; G = 8 or 16), head_dim D (a multiple of 16). Keys and
- * values are rows of D floats `ld` floats apart (the KV cache as it is, no copy). A query attends
- * to `nb` selected full blocks of `bs` rows (block ids in `blocks`), then to `ntail` rows from
- * row `tail0`; rows are visited in that order, t = 0 .. nb * bs + ntail - 1.
- *
- *   ark_scores: s[g * ns + t] = q[g] . k[row t]          (q given transposed: qT[d * G + g])
- *   ark_pv:     out[g * D + j] = sum_t p[g * np + t] * v[row t][j]
- *
- * Register tiles: scores keep 4 rows x G heads of accumulators (8 ymm), pv keeps 4 heads x 16
- * floats of the output (8 ymm); every FMA needs under one load, so both run near the FMA limit
- * when the rows stream from memory.
+ * Shapes: B batch, H KV heads, G query heads per KV head (any G >= 1), D head_dim (a multiple of
+ * 16); "head" bh = b * H + h below, its query heads are h * G + g. Caches are fp32, bf16 or fp16
+ * (read 16-bit, widened to fp32 in registers / L1, accumulated in fp32); stage 1 is fp32 (§9).
+ * Phases, each split over the threads with a barrier after it:
+ *   0. per head, q' = fp32(q) * scale twice: transposed, qT[d][g] (g padded to Gp, a multiple of
+ *      8, with zeros) for the head tiles, and row-major, qR[g][d], for groups of <= 4 heads
+ *   A. fine logits L[bh][g][j] = q.Kc1[j], chunks of 512 kernels (compressed keys read in place)
+ *   B. per (bh, g): coarse logits C[c] = mean of the fine logits 4c + m * step (m < 4, step =
+ *      kernel_size / kernel_stride), in decode.py's order, or q.Kc2[c] when coarse_step = 0;
+ *      lse = logsumexp(C) as torch computes it (shift 0 when the max is infinite)
+ *   C. s[bh][j] = sum over g of nan->0(exp(L - lse)), zeroing NaN per head before the sum (§9)
+ *   D. per head: max-pool kernels -> candidate blocks, exact top-k on int64 keys (fp32 bits << 24
+ *      | (2^24 - 1 - block): by score, then the lower block), the idx row
+ *   E. stage 2 per (bh, chunk of 512 selected rows): scores, chunk softmax (max m, sum l),
+ *      acc = p @ V; the rows are the far blocks of idx, then keys first_window_block * bs .. end
+ *   F. per (bh, g): out = sum acc * e^(m - M) / sum l * e^(m - M), M the chunks' max
  */
-#include <immintrin.h>
-#include <stdint.h>
+#include <float.h>
+#include <math.h>
 
-#define AHEAD 16   /* rows prefetched ahead of the one being read */
+#include "decode_simd.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-/* Prefetch row r of the run (rows past n continue into `next`, the following run, if any). */
-static inline void prefetch_row(const float *k, const float *next, int64_t ld, int64_t n,
-                                int64_t r, int64_t D) {
-    const float *row = r < n ? k + r * ld : next ? next + (r - n) * ld : 0;
-    if (!row) return;
-    for (int64_t j = 0; j < D; j += 16) _mm_prefetch((const char *)(row + j), _MM_HINT_T0);
+#define CHUNK_KERNELS 512   /* compressed keys per stage-1 task */
+#define CHUNK_ROWS 512      /* selected KV rows per stage-2 task */
+#define RUN_ROWS 32         /* rows widened / scored at once (fp32 buffer: 32 * D floats, L1) */
+#define BLOCK_BITS 24
+#define BLOCK_MASK ((1LL << BLOCK_BITS) - 1)
+
+typedef struct {
+    int64_t batch, kv_heads, group, head_dim;
+    const void *q_sel; int64_t q_sel_dtype, q_sel_sb, q_sel_sh;  /* stage-1 query [B, Hq, 1, D] */
+    const void *q; int64_t q_dtype, q_sb, q_sh;                  /* stage-2 query, same shape */
+    double scale;
+    const float *fine; int64_t fine_sb, fine_sh, fine_sr, n1;      /* [B, H, n1, D] fp32 */
+    const float *coarse; int64_t coarse_sb, coarse_sh, coarse_sr, n2;
+    const void *k; const void *v; int64_t kv_dtype, k_sb, k_sh, k_sr, v_sb, v_sh, v_sr;
+    int64_t cache_len, block_size, init_blocks, local_blocks, topk, kernels_per_block;
+    int64_t coarse_factor, coarse_step;
+    int64_t *idx;                  /* out: [BH, topk + local_blocks] */
+    void *out; int64_t out_dtype;  /* out: [B, Hq, 1, D] contiguous, or NULL (stage 1 only) */
+    float *work; int64_t work_floats;
+    int64_t threads;
+} ark_decode_args;
+
+typedef struct {
+    const ark_decode_args *a;
+    int64_t BH, G, Gp, GP, QH, D, budget, nfar, first, end, rows, chunks1, chunks2, tasks2, esz;
+    int64_t scratch_floats, part_floats;
+    float *qT1, *qT2, *logits, *clog, *lse, *s, *scratch, *part;
+    int64_t next[4];   /* task counters of phases A, C, E, F (threads take tasks dynamically) */
+} ctx_t;
+
+static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+static int64_t cdiv(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+/* Carve the workspace; returns the floats it needs (work may be NULL: size only). */
+static int64_t layout(ctx_t *c, const ark_decode_args *a, float *work) {
+    c->a = a;
+    c->BH = a->batch * a->kv_heads;
+    c->G = a->group, c->Gp = up(a->group, 8), c->D = a->head_dim;
+    c->GP = a->group <= 2 ? a->group : up(a->group, 4);     /* heads the weighted sum computes */
+    c->QH = c->D * c->Gp + c->G * c->D;                     /* qT then qR, per head */
+    c->budget = a->topk + a->local_blocks;
+    c->nfar = a->topk - 1;
+    c->first = a->cache_len / a->block_size - a->local_blocks;
+    c->end = a->cache_len + 1;
+    c->rows = c->nfar * a->block_size + c->end - c->first * a->block_size;
+    c->chunks1 = cdiv(a->n1, CHUNK_KERNELS);
+    c->chunks2 = a->coarse_step ? 0 : cdiv(a->n2, CHUNK_KERNELS);
+    c->tasks2 = a->out ? cdiv(c->rows, CHUNK_ROWS) : 0;
+    c->esz = a->kv_dtype == ARK_F32 ? 4 : 2;
+    c->scratch_floats = a->out ? c->GP * CHUNK_ROWS + RUN_ROWS * c->D + c->GP * c->D : 0;
+    c->part_floats = 2 * c->G + c->G * c->D;
+    const int same_q = a->q == a->q_sel && a->q_dtype == a->q_sel_dtype && a->q_sb == a->q_sel_sb
+                       && a->q_sh == a->q_sel_sh;
+    const int64_t q_floats = c->BH * c->QH;
+    int64_t sizes[8] = {q_floats, a->out && !same_q ? q_floats : 0, c->BH * c->G * a->n1,
+                        c->BH * c->G * a->n2, c->BH * c->G, c->BH * a->n1,
+                        (a->threads < 1 ? 1 : a->threads) * c->scratch_floats,
+                        c->BH * c->tasks2 * c->part_floats};
+    float **slots[8] = {&c->qT1, &c->qT2, &c->logits, &c->clog, &c->lse, &c->s, &c->scratch,
+                        &c->part};
+    int64_t total = 0;
+    for (int i = 0; i < 8; i++) {
+        *slots[i] = work ? work + total : 0;
+        total += up(sizes[i], 16);   /* 64-byte aligned regions */
+    }
+    if (same_q || !a->out) c->qT2 = c->qT1;
+    return total;
 }
 
-/* Scores of n consecutive rows k[0 .. n) for G = 8 * NV heads, into s (row stride ns). */
-static void scores_run(int NV, const float *qT, int64_t D, const float *k, const float *next,
-                       int64_t ld, int64_t n, float *s, int64_t ns) {
-    const int G = 8 * NV;
-    float tmp[4][16];
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-        const float *k0 = k + t * ld, *k1 = k0 + ld, *k2 = k1 + ld, *k3 = k2 + ld;
-        for (int64_t r = t + AHEAD; r < t + AHEAD + 4; r++) prefetch_row(k, next, ld, n, r, D);
-        __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00;
-        __m256 a01 = a00, a11 = a00, a21 = a00, a31 = a00;
-        if (NV == 2) {
-            for (int64_t d = 0; d < D; d++) {
-                const __m256 q0 = _mm256_loadu_ps(qT + d * 16), q1 = _mm256_loadu_ps(qT + d * 16 + 8);
-                __m256 b = _mm256_broadcast_ss(k0 + d);
-                a00 = _mm256_fmadd_ps(b, q0, a00); a01 = _mm256_fmadd_ps(b, q1, a01);
-                b = _mm256_broadcast_ss(k1 + d);
-                a10 = _mm256_fmadd_ps(b, q0, a10); a11 = _mm256_fmadd_ps(b, q1, a11);
-                b = _mm256_broadcast_ss(k2 + d);
-                a20 = _mm256_fmadd_ps(b, q0, a20); a21 = _mm256_fmadd_ps(b, q1, a21);
-                b = _mm256_broadcast_ss(k3 + d);
-                a30 = _mm256_fmadd_ps(b, q0, a30); a31 = _mm256_fmadd_ps(b, q1, a31);
-            }
-        } else {
-            for (int64_t d = 0; d < D; d++) {
-                const __m256 q0 = _mm256_loadu_ps(qT + d * 8);
-                a00 = _mm256_fmadd_ps(_mm256_broadcast_ss(k0 + d), q0, a00);
-                a10 = _mm256_fmadd_ps(_mm256_broadcast_ss(k1 + d), q0, a10);
-                a20 = _mm256_fmadd_ps(_mm256_broadcast_ss(k2 + d), q0, a20);
-                a30 = _mm256_fmadd_ps(_mm256_broadcast_ss(k3 + d), q0, a30);
-            }
-        }
-        _mm256_storeu_ps(tmp[0], a00); _mm256_storeu_ps(tmp[0] + 8, a01);
-        _mm256_storeu_ps(tmp[1], a10); _mm256_storeu_ps(tmp[1] + 8, a11);
-        _mm256_storeu_ps(tmp[2], a20); _mm256_storeu_ps(tmp[2] + 8, a21);
-        _mm256_storeu_ps(tmp[3], a30); _mm256_storeu_ps(tmp[3] + 8, a31);
-        for (int g = 0; g < G; g++)
-            for (int r = 0; r < 4; r++) s[g * ns + t + r] = tmp[r][g];
-    }
-    for (; t < n; t++) {
-        const float *k0 = k + t * ld;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+/* -- phase 0 ----------------------------------------------------------------------------------- */
+static void transpose_query(const ctx_t *c, const void *q, int64_t dtype, int64_t sb, int64_t sh,
+                            int64_t bh, float *qT) {
+    const int64_t b = bh / c->a->kv_heads, h = bh % c->a->kv_heads, D = c->D, Gp = c->Gp;
+    const float scale = (float)c->a->scale;
+    float *o = qT + bh * c->QH, *row_major = o + D * Gp;
+    memset(o, 0, sizeof(float) * D * Gp);
+    for (int64_t g = 0; g < c->G; g++) {
+        const int64_t base = b * sb + (h * c->G + g) * sh;
         for (int64_t d = 0; d < D; d++) {
-            const __m256 b = _mm256_broadcast_ss(k0 + d);
-            a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(qT + d * G), a0);
-            if (NV == 2) a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(qT + d * G + 8), a1);
-        }
-        _mm256_storeu_ps(tmp[0], a0); _mm256_storeu_ps(tmp[0] + 8, a1);
-        for (int g = 0; g < G; g++) s[g * ns + t] = tmp[0][g];
-    }
-}
-
-/* Returns 0, or -1 for an unsupported shape. s has G rows of ns >= nb * bs + ntail floats. */
-int ark_scores(const float *qT, int G, int64_t D, const float *k, int64_t ld,
-               const int64_t *blocks, int64_t nb, int64_t bs, int64_t tail0, int64_t ntail,
-               float *s, int64_t ns) {
-    if (G != 8 && G != 16) return -1;
-    const int nv = G / 8;
-    const float *tail = ntail ? k + tail0 * ld : 0;
-    for (int64_t r = 0; r < AHEAD; r++)
-        prefetch_row(nb ? k + blocks[0] * bs * ld : tail, 0, ld, nb ? bs : ntail, r, D);
-    for (int64_t i = 0; i < nb; i++) {
-        const float *next = i + 1 < nb ? k + blocks[i + 1] * bs * ld : tail;
-        scores_run(nv, qT, D, k + blocks[i] * bs * ld, next, ld, bs, s + i * bs, ns);
-    }
-    if (ntail) scores_run(nv, qT, D, tail, 0, ld, ntail, s + nb * bs, ns);
-    return 0;
-}
-
-/* out[g * D + j] += sum_t p[g * np + t] * v[t * ld + j] for n consecutive rows, all G heads;
- * meanwhile the nn rows of `next` (the following run) are prefetched, spread over the tiles. */
-static void pv_run(int G, const float *p, int64_t np, const float *v, int64_t ld, int64_t D,
-                   int64_t n, float *out, const float *next, int64_t nn) {
-    const int64_t tiles = (D / 16) * (G / 4);
-    const int64_t per_tile = (nn + tiles - 1) / tiles;
-    int64_t fetched = 0;
-    for (int64_t j = 0; j < D; j += 16) {
-        for (int g = 0; g < G; g += 4) {
-            for (int64_t r = fetched; r < fetched + per_tile && r < nn; r++)
-                prefetch_row(next, 0, ld, nn, r, D);
-            fetched += per_tile;
-            float *o = out + g * D + j;
-            __m256 a00 = _mm256_loadu_ps(o), a01 = _mm256_loadu_ps(o + 8);
-            __m256 a10 = _mm256_loadu_ps(o + D), a11 = _mm256_loadu_ps(o + D + 8);
-            __m256 a20 = _mm256_loadu_ps(o + 2 * D), a21 = _mm256_loadu_ps(o + 2 * D + 8);
-            __m256 a30 = _mm256_loadu_ps(o + 3 * D), a31 = _mm256_loadu_ps(o + 3 * D + 8);
-            const float *p0 = p + g * np, *p1 = p0 + np, *p2 = p1 + np, *p3 = p2 + np;
-            for (int64_t t = 0; t < n; t++) {
-                const __m256 v0 = _mm256_loadu_ps(v + t * ld + j);
-                const __m256 v1 = _mm256_loadu_ps(v + t * ld + j + 8);
-                __m256 w = _mm256_broadcast_ss(p0 + t);
-                a00 = _mm256_fmadd_ps(w, v0, a00); a01 = _mm256_fmadd_ps(w, v1, a01);
-                w = _mm256_broadcast_ss(p1 + t);
-                a10 = _mm256_fmadd_ps(w, v0, a10); a11 = _mm256_fmadd_ps(w, v1, a11);
-                w = _mm256_broadcast_ss(p2 + t);
-                a20 = _mm256_fmadd_ps(w, v0, a20); a21 = _mm256_fmadd_ps(w, v1, a21);
-                w = _mm256_broadcast_ss(p3 + t);
-                a30 = _mm256_fmadd_ps(w, v0, a30); a31 = _mm256_fmadd_ps(w, v1, a31);
-            }
-            _mm256_storeu_ps(o, a00); _mm256_storeu_ps(o + 8, a01);
-            _mm256_storeu_ps(o + D, a10); _mm256_storeu_ps(o + D + 8, a11);
-            _mm256_storeu_ps(o + 2 * D, a20); _mm256_storeu_ps(o + 2 * D + 8, a21);
-            _mm256_storeu_ps(o + 3 * D, a30); _mm256_storeu_ps(o + 3 * D + 8, a31);
+            const float x = ark_to_f32(q, base + d, (int)dtype) * scale;
+            o[d * Gp + g] = row_major[g * D + d] = x;
         }
     }
 }
 
-/* out [G, D] = p [G, np] @ the rows of ark_scores. Returns 0, or -1 for an unsupported shape. */
-int ark_pv(const float *p, int G, int64_t np, const float *v, int64_t ld, int64_t D,
-           const int64_t *blocks, int64_t nb, int64_t bs, int64_t tail0, int64_t ntail,
-           float *out) {
-    if ((G != 8 && G != 16) || D % 16) return -1;
-    for (int64_t i = 0; i < G * D; i++) out[i] = 0.0f;
-    const float *tail = ntail ? v + tail0 * ld : 0;
-    for (int64_t r = 0; r < AHEAD; r++)
-        prefetch_row(nb ? v + blocks[0] * bs * ld : tail, 0, ld, nb ? bs : ntail, r, D);
-    for (int64_t i = 0; i < nb; i++) {
-        const float *next = i + 1 < nb ? v + blocks[i + 1] * bs * ld : tail;
-        pv_run(G, p + i * bs, np, v + blocks[i] * bs * ld, ld, D, bs, out, next,
-               i + 1 < nb ? bs : ntail);
+/* -- phase A: logits against compressed keys --------------------------------------------------- */
+static void score_compressed(const ctx_t *c, int64_t task) {
+    const ark_decode_args *a = c->a;
+    const int64_t per_head = c->chunks1 + c->chunks2, bh = task / per_head;
+    int64_t chunk = task % per_head;
+    const int64_t b = bh / a->kv_heads, h = bh % a->kv_heads;
+    const float *keys = a->fine + b * a->fine_sb + h * a->fine_sh;
+    int64_t n = a->n1, ld = a->fine_sr;
+    float *out = c->logits + bh * c->G * a->n1;
+    if (chunk >= c->chunks1) {   /* coarse keys scored directly (kernel_size % stride != 0) */
+        chunk -= c->chunks1;
+        keys = a->coarse + b * a->coarse_sb + h * a->coarse_sh;
+        n = a->n2, ld = a->coarse_sr;
+        out = c->clog + bh * c->G * a->n2;
     }
-    if (ntail) pv_run(G, p + nb * bs, np, tail, ld, D, ntail, out, 0, 0);
+    const int64_t lo = chunk * CHUNK_KERNELS, len = n - lo < CHUNK_KERNELS ? n - lo : CHUNK_KERNELS;
+    const float *qT = c->qT1 + bh * c->QH;
+    scores_tiles(qT, qT + c->D * c->Gp, c->G, c->D, keys + lo * ld, ld, len, out + lo, n);
+}
+
+/* -- phase B: coarse log-sum-exp --------------------------------------------------------------- */
+static float logsumexp(const float *x, int64_t n) {
+    if (n == 0) return -INFINITY;
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(x + i), vm);
+    float m = hmax256(vm);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    /* A NaN was skipped by the max; it reaches the sum below, so the result is NaN as torch's. */
+    const float shift = isinf(m) ? 0.0f : m;    /* torch.logsumexp's guard */
+    const __m256 vs = _mm256_set1_ps(shift);
+    __m256 acc = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs)));
+    if (i < n) acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(load_part(x + i, n - i, -INFINITY), vs)));
+    return logf(hsum256(acc)) + shift;
+}
+
+static void coarse_lse(const ctx_t *c, int64_t pair) {
+    const ark_decode_args *a = c->a;
+    const int64_t n2 = a->n2, step = a->coarse_step, f = a->coarse_factor;
+    float *cl = c->clog + pair * n2;
+    if (step) {
+        const float *L = c->logits + pair * a->n1, inv = 1.0f / (float)f;
+        for (int64_t j = 0; j < n2; j++) {
+            float sum = L[f * j];
+            for (int64_t m = 1; m < f; m++) sum += L[f * j + m * step];
+            cl[j] = sum * inv;
+        }
+    }
+    c->lse[pair] = logsumexp(cl, n2);
+}
+
+/* -- phase C: group sum of the fine probabilities ---------------------------------------------- */
+static void group_sum(const ctx_t *c, int64_t task, int64_t n_needed) {
+    const int64_t bh = task / c->chunks1, lo = (task % c->chunks1) * CHUNK_KERNELS;
+    const int64_t n1 = c->a->n1;
+    const int64_t hi = lo + CHUNK_KERNELS < n_needed ? lo + CHUNK_KERNELS : n_needed;
+    const float *L = c->logits + bh * c->G * n1, *lse = c->lse + bh * c->G;
+    float *s = c->s + bh * n1;
+    for (int64_t j = lo; j < hi; j += 8) {
+        const int64_t n = hi - j < 8 ? hi - j : 8;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t g = 0; g < c->G; g++) {
+            const __m256 x = n == 8 ? _mm256_loadu_ps(L + g * n1 + j) : load_part(L + g * n1 + j, n, 0.0f);
+            const __m256 p = exp256(_mm256_sub_ps(x, _mm256_set1_ps(lse[g])));
+            acc = _mm256_add_ps(acc, _mm256_and_ps(p, _mm256_cmp_ps(p, p, _CMP_ORD_Q)));
+        }
+        if (n == 8) _mm256_storeu_ps(s + j, acc);
+        else _mm256_maskstore_ps(s + j, lane_mask(n), acc);
+    }
+}
+
+/* -- phase D: top-k ---------------------------------------------------------------------------- */
+static void heap_down(int64_t *h, int64_t n, int64_t i) {   /* min-heap */
+    for (;;) {
+        int64_t l = 2 * i + 1, m = i;
+        if (l < n && h[l] < h[m]) m = l;
+        if (l + 1 < n && h[l + 1] < h[m]) m = l + 1;
+        if (m == i) return;
+        const int64_t t = h[i]; h[i] = h[m]; h[m] = t;
+        i = m;
+    }
+}
+
+static void select_row(const ctx_t *c, int64_t bh, int64_t n_needed) {
+    const ark_decode_args *a = c->a;
+    const int64_t r = a->kernels_per_block, init = a->init_blocks, n_free = a->topk - init - 1;
+    const float *s = c->s + bh * a->n1;
+    int64_t *row = a->idx + bh * c->budget, *heap = row + init, filled = 0;
+    for (int64_t blk = init; blk < c->first; blk++) {
+        float best = 0.0f;   /* kernels past n1 count as 0, and every score is >= 0 */
+        for (int64_t j = r * blk - 1; j < r * blk + r; j++)
+            if (j >= 0 && j < n_needed && s[j] > best) best = s[j];
+        best = best > FLT_MAX ? FLT_MAX : best;
+        uint32_t bits;
+        memcpy(&bits, &best, 4);
+        const int64_t key = ((int64_t)bits << BLOCK_BITS) | (BLOCK_MASK - blk);
+        if (filled < n_free) {
+            heap[filled++] = key;
+            if (filled == n_free)
+                for (int64_t i = n_free / 2 - 1; i >= 0; i--) heap_down(heap, n_free, i);
+        } else if (key > heap[0]) {
+            heap[0] = key;
+            heap_down(heap, n_free, 0);
+        }
+    }
+    for (int64_t i = 0; i < n_free; i++) heap[i] = BLOCK_MASK - (heap[i] & BLOCK_MASK);
+    for (int64_t i = 1; i < n_free; i++) {       /* ascending (insertion sort: n_free ~ 63) */
+        const int64_t x = heap[i];
+        int64_t j = i - 1;
+        for (; j >= 0 && heap[j] > x; j--) heap[j + 1] = heap[j];
+        heap[j + 1] = x;
+    }
+    for (int64_t i = 0; i < init; i++) row[i] = i;
+    for (int64_t i = 0; i <= a->local_blocks; i++) row[init + n_free + i] = c->first + i;
+}
+
+/* -- phase E: attention over one chunk of the selected rows ------------------------------------ */
+/* The contiguous run of cache rows at position `off` of head bh's row sequence: returns its first
+ * cache row, *len = its length (at most RUN_ROWS and hi - off). */
+static int64_t locate(const ctx_t *c, const int64_t *far, int64_t off, int64_t hi, int64_t *len) {
+    const int64_t bs = c->a->block_size, far_rows = c->nfar * bs;
+    int64_t row, n;
+    if (off < far_rows) row = far[off / bs] * bs + off % bs, n = bs - off % bs;
+    else row = c->first * bs + off - far_rows, n = c->rows - off;
+    n = n < hi - off ? n : hi - off;
+    *len = n < RUN_ROWS ? n : RUN_ROWS;
+    return row;
+}
+
+/* fp32 rows [n, D] of `base` from cache row `row` on: in place, or widened into buf. */
+static const float *run_rows(const ctx_t *c, const void *base, int64_t ld, int64_t row, int64_t n,
+                             float *buf, int64_t *ld_out) {
+    if (c->a->kv_dtype == ARK_F32) {
+        *ld_out = ld;
+        return (const float *)base + row * ld;
+    }
+    widen_rows((const uint16_t *)base + row * ld, ld, n, c->D, (int)c->a->kv_dtype, buf);
+    *ld_out = c->D;
+    return buf;
+}
+
+static void attend_chunk(const ctx_t *c, int64_t task, float *scratch) {
+    const ark_decode_args *a = c->a;
+    const int64_t bh = task / c->tasks2, b = bh / a->kv_heads, h = bh % a->kv_heads;
+    const int64_t lo = (task % c->tasks2) * CHUNK_ROWS;
+    const int64_t hi = lo + CHUNK_ROWS < c->rows ? lo + CHUNK_ROWS : c->rows, n = hi - lo;
+    const int64_t G = c->G, D = c->D, row_bytes = D * c->esz;
+    const int64_t *far = a->idx + bh * c->budget;
+    const char *kb = (const char *)a->k + (b * a->k_sb + h * a->k_sh) * c->esz;
+    const char *vb = (const char *)a->v + (b * a->v_sb + h * a->v_sh) * c->esz;
+    float *sc = scratch, *buf = sc + c->GP * CHUNK_ROWS, *acc = buf + RUN_ROWS * D;
+    const float *qT = c->qT2 + bh * c->QH;
+    int64_t len, ld, next_len;
+    for (int64_t off = lo; off < hi; off += len) {
+        const int64_t row = locate(c, far, off, hi, &len);
+        /* While the scores keep the FMA units busy, the next run's K rows and this run's V rows
+         * (read by the weighted sum below) travel to L2: no stall on DRAM at a block jump. */
+        if (off + len < hi) {
+            const int64_t next = locate(c, far, off + len, hi, &next_len);
+            prefetch_rows_l2(kb + next * a->k_sr * c->esz, a->k_sr * c->esz, next_len, row_bytes);
+        }
+        prefetch_rows_l2(vb + row * a->v_sr * c->esz, a->v_sr * c->esz, len, row_bytes);
+        const float *rows = run_rows(c, kb, a->k_sr, row, len, buf, &ld);
+        scores_tiles(qT, qT + D * c->Gp, G, D, rows, ld, len, sc + off - lo, CHUNK_ROWS);
+    }
+    float *m = c->part + task * c->part_floats, *l = m + G, *out = l + G;
+    for (int64_t g = 0; g < c->GP; g++) {
+        float *p = sc + g * CHUNK_ROWS;
+        if (g >= G) { memset(p, 0, sizeof(float) * n); continue; }
+        __m256 vm = _mm256_set1_ps(-INFINITY);
+        int64_t t = 0;
+        for (; t + 8 <= n; t += 8) vm = _mm256_max_ps(_mm256_loadu_ps(p + t), vm);
+        float mx = hmax256(vm);
+        for (; t < n; t++) mx = p[t] > mx ? p[t] : mx;
+        m[g] = mx;
+        if (mx == -INFINITY) {    /* every key of the chunk at -inf: it weighs nothing */
+            memset(p, 0, sizeof(float) * n);
+            l[g] = 0.0f;
+            continue;
+        }
+        const __m256 vs = _mm256_set1_ps(mx);
+        __m256 sum = _mm256_setzero_ps();
+        for (t = 0; t + 8 <= n; t += 8) {
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + t), vs));
+            _mm256_storeu_ps(p + t, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        if (t < n) {
+            const __m256 e = exp256(_mm256_sub_ps(load_part(p + t, n - t, -INFINITY), vs));
+            _mm256_maskstore_ps(p + t, lane_mask(n - t), e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        l[g] = hsum256(sum);
+    }
+    memset(acc, 0, sizeof(float) * c->GP * D);
+    for (int64_t off = lo; off < hi; off += len) {
+        const int64_t row = locate(c, far, off, hi, &len);
+        const float *rows = run_rows(c, vb, a->v_sr, row, len, buf, &ld);
+        const float *next = 0;      /* rows read in place: the next run's, to prefetch */
+        if (a->kv_dtype == ARK_F32 && off + len < hi)
+            next = (const float *)vb + locate(c, far, off + len, hi, &next_len) * a->v_sr;
+        pv_tiles(sc + off - lo, CHUNK_ROWS, c->GP, rows, ld, D, len, acc, next, a->v_sr,
+                 next ? next_len : 0);
+    }
+    memcpy(out, acc, sizeof(float) * G * D);
+}
+
+/* -- phase F: merge the chunks of one (bh, g) -------------------------------------------------- */
+static void combine(const ctx_t *c, int64_t pair) {
+    const ark_decode_args *a = c->a;
+    const int64_t bh = pair / c->G, g = pair % c->G, D = c->D, G = c->G;
+    float mx = -INFINITY, total = 0.0f, w[CHUNK_ROWS];   /* tasks2 <= rows / 512 + 1 */
+    const float *part = c->part + bh * c->tasks2 * c->part_floats;
+    for (int64_t t = 0; t < c->tasks2; t++) {
+        const float m = part[t * c->part_floats + g];
+        mx = m > mx || isnan(m) ? m : mx;
+    }
+    for (int64_t t = 0; t < c->tasks2; t++) {
+        const float *p = part + t * c->part_floats;
+        w[t] = p[G + g] == 0.0f ? 0.0f : expf(p[g] - mx);   /* empty chunks add nothing */
+        total += w[t] * p[G + g];
+    }
+    const int64_t b = bh / a->kv_heads, head = (bh % a->kv_heads) * G + g;
+    const int64_t o = (b * a->kv_heads * G + head) * D;
+    for (int64_t j = 0; j < D; j++) {
+        float sum = 0.0f;
+        for (int64_t t = 0; t < c->tasks2; t++)
+            if (w[t] != 0.0f) sum += w[t] * part[t * c->part_floats + 2 * G + g * D + j];
+        ark_from_f32(a->out, o + j, (int)a->out_dtype, sum / total);
+    }
+}
+
+/* -- the step --------------------------------------------------------------------------------- */
+#ifdef _OPENMP
+#define BARRIER _Pragma("omp barrier")
+#else
+#define BARRIER
+#endif
+
+static int64_t take(int64_t *counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
+
+/* Every phase of one head, in order, on the calling thread. */
+static void run_head(ctx_t *c, int64_t bh, float *scratch, int64_t n_needed) {
+    const ark_decode_args *a = c->a;
+    transpose_query(c, a->q_sel, a->q_sel_dtype, a->q_sel_sb, a->q_sel_sh, bh, c->qT1);
+    if (c->qT2 != c->qT1) transpose_query(c, a->q, a->q_dtype, a->q_sb, a->q_sh, bh, c->qT2);
+    const int64_t per_head = c->chunks1 + c->chunks2;
+    for (int64_t t = 0; t < per_head; t++) score_compressed(c, bh * per_head + t);
+    for (int64_t g = 0; g < c->G; g++) coarse_lse(c, bh * c->G + g);
+    for (int64_t t = 0; t < c->chunks1; t++) group_sum(c, bh * c->chunks1 + t, n_needed);
+    select_row(c, bh, n_needed);
+    if (!a->out) return;
+    for (int64_t t = 0; t < c->tasks2; t++) attend_chunk(c, bh * c->tasks2 + t, scratch);
+    for (int64_t g = 0; g < c->G; g++) combine(c, bh * c->G + g);
+}
+
+/* With as many heads as threads (or a multiple), each thread runs whole heads, taking the next
+ * unclaimed one: no barrier but the region's end, and a thread that other processes keep off a
+ * core for a while leaves its head to the others instead of stalling the step. Otherwise every
+ * phase is split over all threads, a barrier after each. */
+static void run_phases(ctx_t *c, int tid, int nt) {
+    const ark_decode_args *a = c->a;
+    const int64_t n_needed = a->n1 < a->kernels_per_block * c->first ? a->n1
+                             : a->kernels_per_block * c->first;
+    float *scratch = c->scratch + tid * c->scratch_floats;
+    if (c->BH % nt == 0) {
+        for (int64_t bh; (bh = take(&c->next[0])) < c->BH;) run_head(c, bh, scratch, n_needed);
+        return;
+    }
+    for (int64_t i = tid; i < c->BH; i += nt) {
+        transpose_query(c, a->q_sel, a->q_sel_dtype, a->q_sel_sb, a->q_sel_sh, i, c->qT1);
+        if (c->qT2 != c->qT1) transpose_query(c, a->q, a->q_dtype, a->q_sb, a->q_sh, i, c->qT2);
+    }
+    BARRIER
+    for (int64_t t; (t = take(&c->next[0])) < c->BH * (c->chunks1 + c->chunks2);)
+        score_compressed(c, t);
+    BARRIER
+    for (int64_t i = tid; i < c->BH * c->G; i += nt) coarse_lse(c, i);
+    BARRIER
+    for (int64_t t; (t = take(&c->next[1])) < c->BH * c->chunks1;) group_sum(c, t, n_needed);
+    BARRIER
+    for (int64_t i = tid; i < c->BH; i += nt) select_row(c, i, n_needed);
+    if (!a->out) return;
+    BARRIER
+    for (int64_t t; (t = take(&c->next[2])) < c->BH * c->tasks2;) attend_chunk(c, t, scratch);
+    BARRIER
+    for (int64_t t; (t = take(&c->next[3])) < c->BH * c->G;) combine(c, t);
+}
+
+/* Returns 0; the workspace floats needed (> 0) when work_floats is smaller; or < 0 for arguments
+ * the kernel does not take: -1 head_dim / group, -2 dtype, -3 not a sparse step or block ids past
+ * 2^24, -4 more selected rows than one combine buffer holds. */
+int64_t ark_decode(const ark_decode_args *a) {
+    if (a->head_dim % 16 || a->head_dim <= 0 || a->group < 1) return -1;
+    if (a->q_sel_dtype > ARK_F16 || a->q_dtype > ARK_F16 || a->kv_dtype > ARK_F16
+        || a->out_dtype > ARK_F16 || a->q_sel_dtype < 0 || a->q_dtype < 0 || a->kv_dtype < 0)
+        return -2;
+    ctx_t c;
+    memset(&c, 0, sizeof c);
+    const int64_t need = layout(&c, a, 0);
+    if (c.first < a->topk || a->topk - a->init_blocks - 1 < 0 || c.first > BLOCK_MASK
+        || (a->coarse_step && a->n2 && a->coarse_factor * (a->n2 - 1) + (a->coarse_factor - 1)
+            * a->coarse_step >= a->n1))
+        return -3;
+    if (c.tasks2 > CHUNK_ROWS) return -4;
+    if (a->work_floats < need || !a->work) return need;
+    layout(&c, a, a->work);
+    const int nt = a->threads < 1 ? 1 : (int)a->threads;
+#ifdef _OPENMP
+    if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+        run_phases(&c, omp_get_thread_num(), omp_get_num_threads());
+        return 0;
+    }
+#endif
+    (void)nt;
+    run_phases(&c, 0, 1);
     return 0;
+}
+
+/* 1 when built with OpenMP (threads > 1 take effect), else 0. */
+int64_t ark_decode_threaded(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
 }

@@ -19,12 +19,7 @@ from arkinfer.ops.infllmv2.common import (
 )
 from arkinfer.ops.infllmv2.compress import update_compressed
 from arkinfer.ops.infllmv2.config import SparseConfig
-from arkinfer.ops.infllmv2.decode import (
-    decode_attention,
-    decode_idx,
-    decode_is_sparse,
-    decode_select,
-)
+from arkinfer.ops.infllmv2.decode import decode_is_sparse, decode_step
 from arkinfer.ops.infllmv2.select import select_blocks
 from arkinfer.ops.infllmv2.sparse_attention import block_sparse_attention
 
@@ -52,11 +47,10 @@ def infllmv2_attention(q: Tensor, k: Tensor, v: Tensor, *, config: SparseConfig,
     """
     if q.shape[2] == 1 and not config.is_dense(k.shape[2]) and decode_is_sparse(cache_len, config):
         check_inputs(q, k, v, cache_len, config, state, q_sel, k_sel)
-        sel_q, sel_k = (q_sel, k_sel) if q_sel is not None else (q, k)
-        keys = update_compressed(sel_k, config, state)
-        far = decode_select(sel_q, keys, config=config, scale=scale, cache_len=cache_len)
-        out = decode_attention(q, k, v, far, config=config, scale=scale, cache_len=cache_len)
-        return out, keys, decode_idx(far, config, cache_len, q.shape[0])
+        keys = update_compressed(k if k_sel is None else k_sel, config, state)
+        out, idx = decode_step(q, k, v, keys, config=config, scale=scale, cache_len=cache_len,
+                               q_sel=q_sel)
+        return out, keys, idx
     return run_infllmv2(q, k, v, config=config, scale=scale, cache_len=cache_len, state=state,
                         q_sel=q_sel, k_sel=k_sel, compress=update_compressed,
                         select=select_blocks, attend=block_sparse_attention)

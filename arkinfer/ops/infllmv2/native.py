@@ -1,11 +1,14 @@
-"""Optional C kernels for the decode path (`decode_kernel.c`), built on first use; torch otherwise.
+"""The C decode step (`decode_kernel.c`), built on first use; decode.py runs torch otherwise.
 
-The kernels read the selected KV blocks in place (no gather copy) and keep the GQA group's
-accumulators in registers, which torch cannot do in a few ops. They are compiled once per machine
-with the system C compiler into ~/.cache/arkinfer/kernels (a file name keyed by the source and the
-flags, written atomically, so concurrent processes are safe). When no compiler is found, the build
-fails, or ARKINFER_NATIVE=0 is set, `kernels()` returns None and decode uses the pure-torch path:
-both are held to the same conformance suite.
+One call does a whole sparse decode step for every KV head: block selection (stage 1) and
+block-sparse attention (stage 2), reading the selected KV rows in place, on torch's thread count.
+It is compiled once per machine with the system C compiler into ~/.cache/arkinfer/kernels (a file
+name keyed by the sources and the flags, written atomically, so concurrent processes are safe),
+with -fopenmp where the compiler supports it: the library then uses the libgomp that torch has
+already loaded (same soname), i.e. torch's own thread pool, so the two never oversubscribe the
+cores. When no compiler is found, the build fails, the CPU lacks AVX2/FMA or ARKINFER_NATIVE=0 is
+set, `kernels()` returns None and decode uses the pure-torch path: both are held to the same
+conformance suite.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,57 +29,106 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from arkinfer.ops.infllmv2.common import CompressedKeys
+from arkinfer.ops.infllmv2.config import COARSE_FACTOR, SparseConfig
+
 __all__ = ["NativeKernels", "kernels", "torch_only"]
 
-_SOURCE = Path(__file__).with_name("decode_kernel.c")
-_GROUPS = (8, 16)        # query heads per KV head the kernels support
+_SOURCES = [Path(__file__).with_name(n) for n in ("decode_kernel.c", "decode_simd.h")]
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}   # enum of decode_simd.h
 _D_MULTIPLE = 16         # head_dim must be a multiple of this
 _loaded: list[NativeKernels | None] = []
 _off: list[bool] = [False]   # torch_only() in force
+_workspace = threading.local()   # per calling thread: a float32 tensor the kernel carves up
+
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+class DecodeArgs(ctypes.Structure):
+    """`ark_decode_args` of decode_kernel.c, field for field (strides in elements)."""
+
+    _fields_ = [(n, _I64) for n in ("batch", "kv_heads", "group", "head_dim")] + [
+        ("q_sel", _PTR), *[(n, _I64) for n in ("q_sel_dtype", "q_sel_sb", "q_sel_sh")],
+        ("q", _PTR), *[(n, _I64) for n in ("q_dtype", "q_sb", "q_sh")],
+        ("scale", ctypes.c_double),
+        ("fine", _PTR), *[(n, _I64) for n in ("fine_sb", "fine_sh", "fine_sr", "n1")],
+        ("coarse", _PTR), *[(n, _I64) for n in ("coarse_sb", "coarse_sh", "coarse_sr", "n2")],
+        ("k", _PTR), ("v", _PTR),
+        *[(n, _I64) for n in ("kv_dtype", "k_sb", "k_sh", "k_sr", "v_sb", "v_sh", "v_sr")],
+        *[(n, _I64) for n in ("cache_len", "block_size", "init_blocks", "local_blocks", "topk",
+                              "kernels_per_block", "coarse_factor", "coarse_step")],
+        ("idx", _PTR), ("out", _PTR), ("out_dtype", _I64),
+        ("work", _PTR), ("work_floats", _I64), ("threads", _I64)]
+
+
+_ERRORS = {-1: "head_dim must be a multiple of 16 and the group >= 1",
+           -2: "tensors must be float32, bfloat16 or float16",
+           -3: "not a sparse decode step (too few blocks), or block ids reach 2^24",
+           -4: "more selected rows than one step can merge"}
 
 
 class NativeKernels:
-    """ctypes bindings of `ark_scores` / `ark_pv` (see decode_kernel.c for the contracts)."""
+    """ctypes binding of `ark_decode` (contract in decode_kernel.c)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-        self._scores, self._pv = lib.ark_scores, lib.ark_pv
-        self._scores.argtypes = [ptr, c_int, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64]
-        self._pv.argtypes = [ptr, c_int, i64, ptr, i64, i64, ptr, i64, i64, i64, i64, ptr]
-        self._scores.restype = self._pv.restype = c_int
+        self._decode = lib.ark_decode
+        self._decode.argtypes = [ctypes.POINTER(DecodeArgs)]
+        self._decode.restype = _I64
+        lib.ark_decode_threaded.restype = _I64
+        self.threaded = bool(lib.ark_decode_threaded())   # built with OpenMP
 
     @staticmethod
-    def supports(group: int, d: int, *tensors: Tensor) -> bool:
-        """fp32 CPU tensors whose rows (last dim) are contiguous, a supported group and head_dim."""
-        return (group in _GROUPS and d % _D_MULTIPLE == 0
-                and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1
-                        for t in tensors))
+    def supports(d: int, *tensors: Tensor) -> bool:
+        """CPU tensors of a supported dtype whose rows (last dim) are contiguous, head_dim a
+        multiple of 16 (compressed keys, when among the tensors, are always fp32). Every GQA
+        group size is supported."""
+        return d % _D_MULTIPLE == 0 and all(
+            t.is_cpu and t.dtype in _DTYPES and t.stride(-1) == 1 for t in tensors)
 
-    def scores(self, q_t: Tensor, rows: Tensor, blocks: Tensor, block_size: int, tail0: int,
-               n_tail: int, out: Tensor) -> None:
-        """out [G, N] = q . row for the rows of `blocks` then rows tail0 .. tail0 + n_tail - 1.
-        q_t [D, G] contiguous (scaled queries, transposed), rows [S, D] (row stride any),
-        blocks int64 contiguous, out contiguous fp32 with N >= len(blocks) * bs + n_tail."""
-        d, group = q_t.shape
-        rc = self._scores(q_t.data_ptr(), group, d, rows.data_ptr(), rows.stride(0),
-                          blocks.data_ptr(), blocks.numel(), block_size, tail0, n_tail,
-                          out.data_ptr(), out.shape[1])
-        _check(rc, "ark_scores", group, d)
+    def decode(self, q_sel: Tensor, q: Tensor | None, keys: CompressedKeys, k: Tensor | None,
+               v: Tensor | None, *, config: SparseConfig, scale: float, cache_len: int,
+               idx: Tensor, out: Tensor | None) -> None:
+        """One sparse decode step for all B * Hkv heads.
 
-    def pv(self, probs: Tensor, rows: Tensor, blocks: Tensor, block_size: int, tail0: int,
-           n_tail: int, out: Tensor) -> None:
-        """out [G, D] = probs [G, N] @ the same rows as `scores` (probs rows contiguous)."""
-        group = probs.shape[0]
-        rc = self._pv(probs.data_ptr(), group, probs.stride(0), rows.data_ptr(), rows.stride(0),
-                      rows.shape[1], blocks.data_ptr(), blocks.numel(), block_size, tail0,
-                      n_tail, out.data_ptr())
-        _check(rc, "ark_pv", group, rows.shape[1])
-
-
-def _check(rc: int, name: str, group: int, d: int) -> None:
-    if rc:
-        raise ValueError(f"{name}: group {group} / head_dim {d} not supported by the C kernel "
-                         f"(group in {_GROUPS}, head_dim a multiple of {_D_MULTIPLE})")
+        q_sel [B, Hq, 1, D] selects the blocks (with the compressed keys `keys`); q attends to
+        k / v [B, Hkv, cache_len + 1, D] (same dtype). Writes idx int64 [B, Hkv, 1, budget]
+        (contiguous) and out [B, Hq, 1, D] (contiguous, any supported dtype). With q, k, v and
+        out None, stage 1 only: just idx."""
+        b, hq, _, d = q_sel.shape
+        hkv = keys.fine.shape[1]
+        fine, coarse = keys.fine, keys.coarse
+        step = config.kernel_size // config.kernel_stride
+        if config.kernel_size % config.kernel_stride:
+            step = 0        # the coarse logits are not means of fine ones: score Kc2
+        attend = out is not None
+        q2, k2, v2 = (q, k, v) if attend else (q_sel, q_sel, q_sel)
+        args = DecodeArgs(
+            b, hkv, hq // hkv, d,
+            q_sel.data_ptr(), _DTYPES[q_sel.dtype], q_sel.stride(0), q_sel.stride(1),
+            q2.data_ptr(), _DTYPES[q2.dtype], q2.stride(0), q2.stride(1),
+            scale,
+            fine.data_ptr(), fine.stride(0), fine.stride(1), fine.stride(2), fine.shape[2],
+            coarse.data_ptr(), coarse.stride(0), coarse.stride(1), coarse.stride(2),
+            coarse.shape[2],
+            k2.data_ptr() if attend else None, v2.data_ptr() if attend else None,
+            _DTYPES[k2.dtype], k2.stride(0), k2.stride(1), k2.stride(2),
+            v2.stride(0), v2.stride(1), v2.stride(2),
+            cache_len, config.block_size, config.init_blocks, config.local_blocks, config.topk,
+            config.kernels_per_block, COARSE_FACTOR, step,
+            idx.data_ptr(), out.data_ptr() if attend else None,
+            _DTYPES[out.dtype] if attend else 0,
+            None, 0, torch.get_num_threads())
+        work = getattr(_workspace, "buf", None)
+        if work is not None:
+            args.work, args.work_floats = work.data_ptr(), work.numel()
+        rc = self._decode(ctypes.byref(args))
+        if rc > 0:    # the workspace is too small: grow it (rarely: it only grows with the cache)
+            work = _workspace.buf = torch.empty(rc + rc // 4, dtype=torch.float32)
+            args.work, args.work_floats = work.data_ptr(), work.numel()
+            rc = self._decode(ctypes.byref(args))
+        if rc:
+            raise ValueError(f"ark_decode: {_ERRORS.get(rc, rc)} (q {tuple(q_sel.shape)}, "
+                             f"cache_len {cache_len}, fine keys {tuple(fine.shape)})")
 
 
 def kernels() -> NativeKernels | None:
@@ -98,7 +151,7 @@ def torch_only() -> Iterator[None]:
         _off[0] = saved
 
 
-_FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-mavx2", "-mfma"]
+_FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-mavx2", "-mfma", "-mf16c"]
 
 
 def _build_and_load() -> NativeKernels | None:
@@ -107,24 +160,28 @@ def _build_and_load() -> NativeKernels | None:
             torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or not _SOURCE.is_file():
+    if compiler is None or not all(p.is_file() for p in _SOURCES):
         return None
-    source = _SOURCE.read_bytes()
-    flags = _FLAGS
-    key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "arkinfer" / \
         "kernels"
-    lib_path = cache / f"infllmv2_decode_{key}.so"
-    try:
-        if not lib_path.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                built = Path(tmp) / lib_path.name
-                subprocess.run([compiler, *flags, str(_SOURCE), "-o", str(built)], check=True,
-                               capture_output=True, timeout=120)
-                os.replace(built, lib_path)
-        return NativeKernels(ctypes.CDLL(str(lib_path)))
-    except (OSError, subprocess.SubprocessError) as exc:
-        warnings.warn(f"InfLLM v2 C decode kernels unavailable ({exc}); using the torch path",
-                      RuntimeWarning, stacklevel=3)
-        return None
+    failure: Exception | None = None
+    for openmp in (["-fopenmp"], []):     # single-threaded where the compiler has no OpenMP
+        flags = [*_FLAGS, *openmp]
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES)
+                                + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
+        lib_path = cache / f"infllmv2_decode_{digest}.so"
+        try:
+            if not lib_path.exists():
+                cache.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                    built = Path(tmp) / lib_path.name
+                    subprocess.run([compiler, *flags, f"-I{_SOURCES[0].parent}",
+                                    str(_SOURCES[0]), "-o", str(built), "-lm"], check=True,
+                                   capture_output=True, timeout=120)
+                    os.replace(built, lib_path)
+            return NativeKernels(ctypes.CDLL(str(lib_path)))
+        except (OSError, subprocess.SubprocessError) as exc:
+            failure = exc
+    warnings.warn(f"InfLLM v2 C decode kernels unavailable ({failure}); using the torch path",
+                  RuntimeWarning, stacklevel=3)
+    return None

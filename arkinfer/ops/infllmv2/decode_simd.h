@@ -1,0 +1,255 @@
+/* AVX2 + FMA building blocks of the InfLLM v2 decode kernel (decode_kernel.c includes this).
+ *
+ * Rows are D fp32 values `ld` floats apart. A 16-bit cache (bf16 or fp16) is first widened, 64
+ * rows at a time, into a small fp32 buffer that stays in L1/L2 (`widen_rows`); every kernel below
+ * then reads fp32 only.
+ *
+ *   scores_tiles: s[g * ns + t] = q[g] . row[t]   for g < G, t < n   (q given row-major, qR[g *
+ *                 D + d], and transposed and zero-padded, qT[d * Gp + g], Gp = G rounded up to 8)
+ *   pv_tiles:     out[g * D + j] += p[g * np + t] * row[t][j]          for g < GP (G, or G rounded
+ *                 up to 4 when G > 2; the padded heads' p rows hold zeros), j < D (a multiple of 16,
+ *                 of 32 when G <= 2)
+ *   exp256:       exp of 8 floats, ~1 ulp, exact at the edges (+inf, 0 for -inf, NaN kept,
+ *                 subnormal results kept)
+ */
+#ifndef ARK_DECODE_SIMD_H
+#define ARK_DECODE_SIMD_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { ARK_F32 = 0, ARK_BF16 = 1, ARK_F16 = 2 };
+
+static inline float ark_to_f32(const void *p, int64_t i, int dtype) {
+    if (dtype == ARK_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    if (dtype == ARK_F16) return _cvtsh_ss(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* fp32 -> dtype, round to nearest even, as torch's .to() (a bf16 NaN becomes 0x7fc0). */
+static inline void ark_from_f32(void *p, int64_t i, int dtype, float f) {
+    if (dtype == ARK_F32) { ((float *)p)[i] = f; return; }
+    if (dtype == ARK_F16) { ((uint16_t *)p)[i] = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); return; }
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    ((uint16_t *)p)[i] = f != f ? (uint16_t)0x7fc0
+                                : (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* n rows of D 16-bit values (`ld` elements apart) -> dst [n, D] fp32. */
+static void widen_rows(const uint16_t *src, int64_t ld, int64_t n, int64_t D, int dtype,
+                       float *dst) {
+    for (int64_t t = 0; t < n; t++) {
+        const uint16_t *r = src + t * ld;
+        float *o = dst + t * D;
+        if (dtype == ARK_F16) {
+            for (int64_t j = 0; j < D; j += 8)
+                _mm256_storeu_ps(o + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + j))));
+        } else {
+            for (int64_t j = 0; j < D; j += 8) {
+                __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + j)));
+                _mm256_storeu_ps(o + j, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+            }
+        }
+    }
+}
+
+
+static inline void prefetch_rows_l2(const char *p, int64_t ld_bytes, int64_t n, int64_t row_bytes) {
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = 0; j < row_bytes; j += 64) _mm_prefetch(p + t * ld_bytes + j, _MM_HINT_T1);
+}
+
+/* exp(x): Cody-Waite reduction x = n ln2 + r, Cephes' degree-6 polynomial on r, 2^n applied as
+ * two factors so results down to the subnormals and up to +inf come out right. */
+static inline __m256 exp256(__m256 x) {
+    /* max/min return their second operand when one is NaN: x stays NaN through the clamp. */
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-110.0f), x));
+    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i n = _mm256_cvtps_epi32(fx);
+    const __m256i a = _mm256_srai_epi32(n, 1), b = _mm256_sub_epi32(n, a);
+    const __m256i bias = _mm256_set1_epi32(127);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(a, bias), 23)));
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, bias), 23)));
+}
+
+/* Lanes t < n of 8 (for loop tails): loads pad with `fill`, stores write only lanes < n. */
+static inline __m256i lane_mask(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline __m256 load_part(const float *p, int64_t n, float fill) {
+    const __m256i m = lane_mask(n);
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline float hmax256(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Scores of one tile of 8 * NV heads (NV = 1 or 2) against n rows; qT row stride qs. Register
+ * tile: 4 rows x 8 * NV heads of accumulators, one broadcast per row element. */
+static void scores_tile(int NV, const float *qT, int64_t qs, int64_t D, const float *k, int64_t ld,
+                        int64_t n, float *s, int64_t ns, int64_t heads) {
+    float tmp[4][16];
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+        const float *k0 = k + t * ld, *k1 = k0 + ld, *k2 = k1 + ld, *k3 = k2 + ld;
+        __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00;
+        __m256 a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+        if (NV == 2) {
+            for (int64_t d = 0; d < D; d++) {
+                const __m256 q0 = _mm256_loadu_ps(qT + d * qs), q1 = _mm256_loadu_ps(qT + d * qs + 8);
+                __m256 b = _mm256_broadcast_ss(k0 + d);
+                a00 = _mm256_fmadd_ps(b, q0, a00); a01 = _mm256_fmadd_ps(b, q1, a01);
+                b = _mm256_broadcast_ss(k1 + d);
+                a10 = _mm256_fmadd_ps(b, q0, a10); a11 = _mm256_fmadd_ps(b, q1, a11);
+                b = _mm256_broadcast_ss(k2 + d);
+                a20 = _mm256_fmadd_ps(b, q0, a20); a21 = _mm256_fmadd_ps(b, q1, a21);
+                b = _mm256_broadcast_ss(k3 + d);
+                a30 = _mm256_fmadd_ps(b, q0, a30); a31 = _mm256_fmadd_ps(b, q1, a31);
+            }
+        } else {
+            for (int64_t d = 0; d < D; d++) {
+                const __m256 q0 = _mm256_loadu_ps(qT + d * qs);
+                a00 = _mm256_fmadd_ps(_mm256_broadcast_ss(k0 + d), q0, a00);
+                a10 = _mm256_fmadd_ps(_mm256_broadcast_ss(k1 + d), q0, a10);
+                a20 = _mm256_fmadd_ps(_mm256_broadcast_ss(k2 + d), q0, a20);
+                a30 = _mm256_fmadd_ps(_mm256_broadcast_ss(k3 + d), q0, a30);
+            }
+        }
+        _mm256_storeu_ps(tmp[0], a00); _mm256_storeu_ps(tmp[0] + 8, a01);
+        _mm256_storeu_ps(tmp[1], a10); _mm256_storeu_ps(tmp[1] + 8, a11);
+        _mm256_storeu_ps(tmp[2], a20); _mm256_storeu_ps(tmp[2] + 8, a21);
+        _mm256_storeu_ps(tmp[3], a30); _mm256_storeu_ps(tmp[3] + 8, a31);
+        for (int64_t g = 0; g < heads; g++)
+            for (int r = 0; r < 4; r++) s[g * ns + t + r] = tmp[r][g];
+    }
+    for (; t < n; t++) {
+        const float *k0 = k + t * ld;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        for (int64_t d = 0; d < D; d++) {
+            const __m256 b = _mm256_broadcast_ss(k0 + d);
+            a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(qT + d * qs), a0);
+            if (NV == 2) a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(qT + d * qs + 8), a1);
+        }
+        _mm256_storeu_ps(tmp[0], a0); _mm256_storeu_ps(tmp[0] + 8, a1);
+        for (int64_t g = 0; g < heads; g++) s[g * ns + t] = tmp[0][g];
+    }
+}
+
+#define ARK_INLINE static inline __attribute__((always_inline))
+
+/* Scores of G <= 4 heads as dot products along D (q row-major: q[g * D + d]): 2 rows x G heads of
+ * 8-float accumulators, one horizontal sum each. A head tile would waste 8 - G of its 8 lanes. */
+ARK_INLINE void scores_dot(const int G, const float *q, int64_t D, const float *k, int64_t ld,
+                           int64_t n, float *s, int64_t ns) {
+    int64_t t = 0;
+    for (; t + 2 <= n; t += 2) {
+        const float *k0 = k + t * ld, *k1 = k0 + ld;
+        __m256 a0[4], a1[4];
+        for (int g = 0; g < G; g++) a0[g] = a1[g] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
+            for (int g = 0; g < G; g++) {
+                const __m256 qv = _mm256_loadu_ps(q + g * D + d);
+                a0[g] = _mm256_fmadd_ps(x0, qv, a0[g]);
+                a1[g] = _mm256_fmadd_ps(x1, qv, a1[g]);
+            }
+        }
+        for (int g = 0; g < G; g++) s[g * ns + t] = hsum256(a0[g]), s[g * ns + t + 1] = hsum256(a1[g]);
+    }
+    for (; t < n; t++) {
+        for (int g = 0; g < G; g++) {
+            __m256 a = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(k + t * ld + d), _mm256_loadu_ps(q + g * D + d), a);
+            s[g * ns + t] = hsum256(a);
+        }
+    }
+}
+
+/* s [G, n] (row stride ns) = q . rows for all G heads: dot products for G <= 4 (qR [G, D]),
+ * otherwise tiles of 16 heads, then one of 8 (qT [D, Gp]). */
+static void scores_tiles(const float *qT, const float *qR, int64_t G, int64_t D, const float *k,
+                         int64_t ld, int64_t n, float *s, int64_t ns) {
+    switch (G) {
+    case 1: scores_dot(1, qR, D, k, ld, n, s, ns); return;
+    case 2: scores_dot(2, qR, D, k, ld, n, s, ns); return;
+    case 3: scores_dot(3, qR, D, k, ld, n, s, ns); return;
+    case 4: scores_dot(4, qR, D, k, ld, n, s, ns); return;
+    default: break;
+    }
+    const int64_t qs = (G + 7) / 8 * 8;
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        const int64_t heads = G - g0 < 16 ? G - g0 : 16;
+        scores_tile(heads > 8 ? 2 : 1, qT + g0, qs, D, k, ld, n, s + g0 * ns, ns, heads);
+    }
+}
+
+/* out [H, 8 * W floats at column j] += p [H, n] @ rows[:, j : j + 8W]: one register tile of
+ * H heads x W vectors (H * W = 8 accumulators). */
+ARK_INLINE void pv_tile(const int H, const int W, const float *p, int64_t np, const float *v,
+                        int64_t ld, int64_t n, float *o, int64_t D) {
+    __m256 acc[4][4];
+    for (int h = 0; h < H; h++)
+        for (int w = 0; w < W; w++) acc[h][w] = _mm256_loadu_ps(o + h * D + 8 * w);
+    for (int64_t t = 0; t < n; t++) {
+        __m256 x[4];
+        for (int w = 0; w < W; w++) x[w] = _mm256_loadu_ps(v + t * ld + 8 * w);
+        for (int h = 0; h < H; h++) {
+            const __m256 b = _mm256_broadcast_ss(p + h * np + t);
+            for (int w = 0; w < W; w++) acc[h][w] = _mm256_fmadd_ps(b, x[w], acc[h][w]);
+        }
+    }
+    for (int h = 0; h < H; h++)
+        for (int w = 0; w < W; w++) _mm256_storeu_ps(o + h * D + 8 * w, acc[h][w]);
+}
+
+/* out [GP, D] += p [GP, n] (row stride np) @ rows [n, D], GP = 1, 2 or a multiple of 4 (the
+ * padded heads' p rows hold zeros). Tiles: 4 heads x 16 floats, or GP x 32 floats for GP <= 2.
+ * Each 64-byte column j of the rows is read once per tile of heads; the first pass over column j
+ * prefetches column j + 16 into L1, the last one the first column of `next` (the following
+ * run's rows, next_n of them, or NULL), so the passes after the first hit L1. */
+static void pv_tiles(const float *p, int64_t np, int64_t GP, const float *v, int64_t ld, int64_t D,
+                     int64_t n, float *out, const float *next, int64_t next_ld, int64_t next_n) {
+    const int64_t width = GP <= 2 && D % 32 == 0 ? 32 : 16;
+    for (int64_t j = 0; j < D; j += width) {
+        for (int64_t c = j + 16; c < j + 16 + width; c += 16) {
+            const float *pf = c < D ? v + c : next;
+            const int64_t pf_ld = c < D ? ld : next_ld, pf_n = c < D ? n : pf ? next_n : 0;
+            for (int64_t t = 0; t < pf_n; t++) _mm_prefetch((const char *)(pf + t * pf_ld), _MM_HINT_T0);
+        }
+        if (GP == 1 && width == 32) pv_tile(1, 4, p, np, v + j, ld, n, out + j, D);
+        else if (GP == 2 && width == 32) pv_tile(2, 4, p, np, v + j, ld, n, out + j, D);
+        else if (GP == 1) pv_tile(1, 2, p, np, v + j, ld, n, out + j, D);
+        else if (GP == 2) pv_tile(2, 2, p, np, v + j, ld, n, out + j, D);
+        else
+            for (int64_t g = 0; g < GP; g += 4) pv_tile(4, 2, p + g * np, np, v + j, ld, n, out + g * D + j, D);
+    }
+}
+
+#endif

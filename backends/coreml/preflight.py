@@ -1,0 +1,60 @@
+"""What the Core ML lowering can take, checked before any weight is read (plan time).
+
+- Quantised linears become `constexpr_blockwise_shift_scale` carrying the canonical codes:
+  formats whose canonical weights have integer zero points, static groups and fp16 scales
+  (`FORMATS`), 4 or 8 bits, no act-order (a non-static g_idx has no block layout).
+- Every IR op the model traces to must have a conversion (`program.CONVERSIONS`); the IR is
+  traced from config.json alone (shape only, no weights), so an op without a conversion is an
+  error naming it here, not after calibration.
+- `sparse_config.use_nope=true` (selection on pre-RoPE q / k) has no conversion yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from arkinfer.errors import TargetError
+
+# Formats whose canonical weights `constexpr_blockwise_shift_scale` holds exactly.
+FORMATS = ("gptq", "awq", "marlin", "gguf-q4_0")
+BITS = (4, 8)
+
+
+def check_recipe(recipe: Any) -> None:
+    if recipe is None:
+        return
+    if recipe.format not in FORMATS:
+        raise TargetError(f"quant format {recipe.format!r} has no exact Core ML weight layout; "
+                          f"the coreml backend takes {', '.join(FORMATS)}",
+                          hint="use --quant int4 (gptq), gptq, awq or q4_0")
+    if int(recipe.bits) not in BITS:
+        raise TargetError(f"{recipe.format} with {recipe.bits} bits: "
+                          "constexpr_blockwise_shift_scale holds 4- or 8-bit codes",
+                          hint="quantise with 4 bits (--quant int4)")
+    if recipe.desc_act:
+        raise TargetError("act-order (desc_act=True) weights have no block layout for "
+                          "constexpr_blockwise_shift_scale", hint="use desc_act=False")
+
+
+def check_ops(raw_config: dict) -> None:
+    """Trace the IR from config.json (shape only) and raise naming every op without a
+    conversion (`program.unconverted_ops`)."""
+    import torch
+
+    from arkinfer import ir
+
+    from .program import unconverted_ops
+
+    if (raw_config.get("sparse_config") or {}).get("use_nope"):
+        raise TargetError("sparse_config.use_nope=true (InfLLM v2 selection on pre-RoPE q / k) "
+                          "has no Core ML conversion yet", hint="use a config with use_nope=false")
+    program = ir.trace(raw_config, dtype=torch.float32, shape_only=True, entries=("prefill",))
+    raise_unconverted(unconverted_ops(program))
+
+
+def raise_unconverted(missing: dict[str, list[str]]) -> None:
+    if missing:
+        where = "; ".join(f"{op} (at {', '.join(nodes[:3])})" for op, nodes in missing.items())
+        raise TargetError(f"IR op(s) without a Core ML conversion: {where}",
+                          hint="backends/coreml/program.py CONVERSIONS lists the converted ops; "
+                          "use another backend for this model (e.g. --backend gguf)")

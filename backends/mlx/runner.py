@@ -1,0 +1,85 @@
+"""An MLX artifact on this machine: ArkInfer's MLX runtime (model.py) as a Runner
+(`arkinfer.backend.Runner`), so verify, eval and bench work on it; on Linux it runs on mlx[cpu].
+
+    runner = load_runner(artifact_dir, manifest)
+    logits = runner.window_logits(ids)                # [T, V] float32 from an empty cache
+    runner.reset(); runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
+    runner.set_attention("dense")                     # MiniCPM with sparse_config: dense / sparse
+
+The KV cache (with the InfLLM v2 compressed keys) is a value the runner holds between calls:
+each call hands the model the cache and keeps the one it returns. `prefill` and `decode` run
+the output projection on the last position only; every call evaluates (mx.eval) before it
+returns, so timings measure the work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from arkinfer.backend import StepRunner
+from arkinfer.errors import ArkError, NotAvailableError
+from arkinfer.frontend.tokenizer import load_tokenizer
+from arkinfer.generate import require_finite
+
+INSTALL_HINT = "pip install 'arkinfer[mlx]'  (mlx[cpu] on Linux, mlx with Metal on macOS)"
+
+
+def _mlx():
+    try:
+        import mlx.core as mx
+    except ImportError as exc:
+        raise NotAvailableError(f"MLX is not installed ({exc}); the mlx backend's runtime needs it",
+                                hint=INSTALL_HINT) from None
+    return mx
+
+
+class MlxRunner(StepRunner):
+    """ArkInfer's MLX runtime over one artifact folder in mlx-lm's layout."""
+
+    def __init__(self, artifact_dir: str | Path) -> None:
+        self.mx = _mlx()
+        from .model import MlxModel
+
+        self.dir = Path(artifact_dir)
+        self.model = MlxModel.load(self.dir)
+        self.vocab_size = self.model.vocab_size
+        # Only a model with sparse_config has two attentions to switch between.
+        self.attention_modes = ("dense", "sparse") if self.model.sparse is not None else ()
+        self.tokenizer = load_tokenizer(self.dir)
+        self.reset()
+
+    def set_attention(self, mode: str) -> None:
+        """"dense" or "sparse" (InfLLM v2 from dense_len on, the default)."""
+        if mode not in self.attention_modes:
+            super().set_attention(mode)  # raises, naming what this model can run
+        self.model.force_dense = mode == "dense"
+
+    def reset(self) -> None:
+        self.cache = self.model.empty_cache(1)
+
+    def _step(self, ids: list[int], last_only: bool) -> torch.Tensor:
+        mx = self.mx
+        if not ids:
+            raise ArkError("no tokens to evaluate", hint="give at least one token")
+        bad = [i for i in ids if not 0 <= int(i) < self.vocab_size]
+        if bad:
+            raise ArkError(f"token id {bad[0]} is outside the vocabulary 0..{self.vocab_size - 1}",
+                           hint="tokenize with this artifact's tokenizer")
+        x = mx.array([ids], dtype=mx.int32)
+        logits, self.cache = self.model(x, self.cache, last_only=last_only)
+        state = [a for c in self.cache for a in (c.k, c.v) + (
+            (c.infllm.fine, c.infllm.coarse) if c.infllm is not None else ())]
+        mx.eval(logits, state)
+        out = torch.from_numpy(np.array(logits[0].astype(mx.float32)))
+        require_finite(out, f"the MLX runtime on {self.dir}")
+        return out
+
+
+def load_runner(artifact_dir: Path, manifest: dict[str, Any], *, bench: bool = False) -> MlxRunner:
+    """The Runner of an MLX artifact (`Backend.load`); `bench` changes nothing: every call is
+    already evaluated before it returns, and no extra work is done for verification."""
+    return MlxRunner(artifact_dir)
