@@ -27,7 +27,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from arkinfer.ops.infllmv2.common import CompressedKeys, n_kernels
+from arkinfer.ops.infllmv2 import compress as shared_compress
+from arkinfer.ops.infllmv2.common import CompressedKeys
 from arkinfer.ops.infllmv2.config import SparseConfig
 
 __all__ = ["block_scores", "block_sparse_attention", "compress_keys", "dense_attention",
@@ -56,32 +57,19 @@ def kernel_means(k: mx.array, kernel: int, stride: int, first: int, count: int) 
 
 def compress_keys(k: mx.array, config: SparseConfig) -> CompressedKeys:
     """Fine and coarse compressed keys of the whole cache k [B, Hkv, S, D] (mx arrays)."""
-    s = k.shape[2]
-    fk, fs = config.kernel_size, config.kernel_stride
-    ck, cs = config.coarse_kernel_size, config.coarse_kernel_stride
-    return CompressedKeys(fine=kernel_means(k, fk, fs, 0, n_kernels(s, fk, fs)),
-                          coarse=kernel_means(k, ck, cs, 0, n_kernels(s, ck, cs)), length=s)
+    return shared_compress.compress_keys(k, config, means=kernel_means)
 
 
 def update_compressed(k: mx.array, config: SparseConfig,
                       state: CompressedKeys | None = None) -> CompressedKeys:
     """`state` brought up to the cache k: only the kernels completed since state.length are
-    computed (from the cache itself, which holds the tail); None compresses the whole cache."""
-    if state is None or state.length > k.shape[2]:
-        return compress_keys(k, config)
-    s = k.shape[2]
-    parts = []
-    for old, kernel, stride in ((state.fine, config.kernel_size, config.kernel_stride),
-                                (state.coarse, config.coarse_kernel_size,
-                                 config.coarse_kernel_stride)):
-        have, need = old.shape[2], n_kernels(s, kernel, stride)
-        if have != n_kernels(state.length, kernel, stride):
-            raise ValueError(f"CompressedKeys holds {have} kernels of size {kernel}, not the "
-                             f"{n_kernels(state.length, kernel, stride)} of {state.length} keys; "
-                             "was it made with another sparse_config? pass state=None")
-        new = kernel_means(k, kernel, stride, have, need - have)
-        parts.append(old if need == have else mx.concatenate([old, new], axis=2))
-    return CompressedKeys(fine=parts[0], coarse=parts[1], length=s)
+    computed (from the cache itself, which holds the tail); None, or a state longer than the
+    cache (the cache was reset), compresses the whole cache."""
+    if state is not None and state.length > k.shape[2]:
+        state = None
+    return shared_compress.update_compressed(
+        k, config, state, means=kernel_means,
+        cat=lambda old, new: mx.concatenate([old, new], axis=2))
 
 
 # -- §3 selection ---------------------------------------------------------------------------

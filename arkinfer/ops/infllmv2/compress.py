@@ -33,25 +33,33 @@ def kernel_means(k: Tensor, kernel: int, stride: int, first: int, count: int) ->
     return acc.mul_(1.0 / kernel)
 
 
-def compress_keys(k: Tensor, config: SparseConfig) -> CompressedKeys:
-    """Fine and coarse compressed keys of the whole cache k [B, Hkv, S, D]."""
+def _cat(old: Tensor, new: Tensor) -> Tensor:
+    return torch.cat([old, new], 2)
+
+
+def compress_keys(k: Tensor, config: SparseConfig, *, means=kernel_means) -> CompressedKeys:
+    """Fine and coarse compressed keys of the whole cache k [B, Hkv, S, D].
+
+    `means`: `kernel_means` of another array library with the same signature (the MLX runtime
+    passes its own), so every implementation shares this bookkeeping."""
     s = k.shape[2]
     fk, fs = config.kernel_size, config.kernel_stride
     ck, cs = config.coarse_kernel_size, config.coarse_kernel_stride
-    return CompressedKeys(fine=kernel_means(k, fk, fs, 0, n_kernels(s, fk, fs)),
-                          coarse=kernel_means(k, ck, cs, 0, n_kernels(s, ck, cs)), length=s)
+    return CompressedKeys(fine=means(k, fk, fs, 0, n_kernels(s, fk, fs)),
+                          coarse=means(k, ck, cs, 0, n_kernels(s, ck, cs)), length=s)
 
 
-def update_compressed(k: Tensor, config: SparseConfig,
-                      state: CompressedKeys | None = None) -> CompressedKeys:
+def update_compressed(k: Tensor, config: SparseConfig, state: CompressedKeys | None = None, *,
+                      means=kernel_means, cat=_cat) -> CompressedKeys:
     """Bring `state` up to the cache k [B, Hkv, S, D]: only kernels completed by the keys after
     state.length are computed (from the cache itself); None compresses the whole cache.
 
     Returns a new CompressedKeys; the incoming one is never modified, and when no kernel completes
-    (15 of 16 decode steps) the same tensors are returned without a copy.
+    (15 of 16 decode steps) the same tensors are returned without a copy. `means` / `cat(old,
+    new)` (concatenation along the kernel axis): another array library's (see compress_keys).
     """
     if state is None:
-        return compress_keys(k, config)
+        return compress_keys(k, config, means=means)
     s = k.shape[2]
     if state.length > s:
         raise ValueError(f"CompressedKeys covers {state.length} keys but the cache holds only {s}")
@@ -64,8 +72,5 @@ def update_compressed(k: Tensor, config: SparseConfig,
             raise ValueError(f"CompressedKeys holds {have} kernels of size {kernel}, not the "
                              f"{n_kernels(state.length, kernel, stride)} of {state.length} keys; "
                              "was it made with another sparse_config? pass state=None")
-        if need == have:
-            parts.append(old)
-        else:
-            parts.append(torch.cat([old, kernel_means(k, kernel, stride, have, need - have)], 2))
+        parts.append(old if need == have else cat(old, means(k, kernel, stride, have, need - have)))
     return CompressedKeys(fine=parts[0], coarse=parts[1], length=s)

@@ -60,10 +60,10 @@ def test_package_checks_and_size_against_gguf_q4_0(built):
     assert checks["weights"]["passed"] and checks["weights"]["checked"] == 2 * 30 * 7
     assert checks["opset"]["passed"]
     package = _size(out / PACKAGE)
-    try:
-        from arkinfer.backends.gguf.backend import BACKEND as GGUF
-    except ImportError:
-        pytest.skip("the gguf backend (gguf-py) is not installed")
+    from arkinfer.backends.gguf.backend import BACKEND as GGUF
+
+    if not GGUF.available():
+        pytest.skip(f"the gguf backend is not installed here: {GGUF.install_hint()}")
     gguf_dir = out.parent / "gguf"
     GGUF.lower(LowerRequest(quantised, src, recipe, "f16", None, gguf_dir))
     gguf = _size(gguf_dir / "model.gguf")
