@@ -60,9 +60,9 @@ def decide(cell: Cell, model: str, out: Path) -> Decision:
 def source_hashes(source: Path) -> dict[str, str]:
     """sha256 of every file at the top of the source folder, as the manifest records them
     (computed once per run: an 8B checkpoint is 16 GB)."""
-    from arkinfer.pipeline.manifest import sha256_file
+    from arkinfer.pipeline.manifest import source_file_hashes
 
-    return {p.name: sha256_file(p) for p in sorted(source.iterdir()) if p.is_file()}
+    return source_file_hashes(source)
 
 
 def stale_reason(plan: Any, overrides: dict[str, float]) -> str | None:

@@ -273,10 +273,7 @@ def predict_for(plan: BuildPlan) -> dict[str, Any] | None:
 
 
 def _source_record(plan: BuildPlan, rep: Reporter) -> dict[str, Any]:
-    files = {}
-    for p in sorted(q for q in plan.source.iterdir() if q.is_file()):
-        rep.step(f"hash {p.name}")
-        files[p.name] = mf.sha256_file(p)
+    files = mf.source_file_hashes(plan.source, rep.step)
     raw = plan.raw_config
     arch = (raw.get("architectures") or [raw.get("model_type", "?")])[0]
     return {"path": str(plan.source.resolve()), "model_type": str(raw.get("model_type", "?")),

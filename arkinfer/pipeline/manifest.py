@@ -61,6 +61,17 @@ def file_hashes(folder: Path, progress=None) -> dict[str, dict[str, Any]]:
     return out
 
 
+def source_file_hashes(source: Path, progress=None) -> dict[str, str]:
+    """{name: sha256} of every file at the top of a source model folder: the manifest's
+    `source.files` (build writes it; `arkinfer matrix` compares it to decide a rebuild)."""
+    out = {}
+    for path in sorted(p for p in source.iterdir() if p.is_file()):
+        if progress is not None:
+            progress(f"hash {path.name}")
+        out[path.name] = sha256_file(path)
+    return out
+
+
 def validate(data: dict[str, Any], where: str = "manifest") -> None:
     """Raise ManifestError listing every schema violation (JSON path and message)."""
     import jsonschema
