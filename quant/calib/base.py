@@ -47,11 +47,14 @@ class LinearReport:
 @dataclass
 class BlockResult:
     """quantized / floats: full tensor-owner names -> canonical weight / changed float tensor
-    (e.g. AWQ's rescaled norm weights, keyed by the tensor name `...input_layernorm.weight`)."""
+    (e.g. AWQ's rescaled norm weights, keyed by the tensor name `...input_layernorm.weight`).
+    outputs: the quantised block's outputs [N, T, H] when the handler computed them on the way
+    (equal to `runner.run()`, which the driver calls otherwise)."""
 
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
     floats: dict[str, Tensor] = field(default_factory=dict)
     reports: list[LinearReport] = field(default_factory=list)
+    outputs: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,12 @@ def output_snr_db(reference: Tensor, inputs: Tensor, outputs: Tensor, mask: Tens
     signal = float((((reference - inputs) * m) ** 2).double().sum())
     noise = float((((reference - outputs) * m) ** 2).double().sum())
     return snr_from(signal, noise)
+
+
+def block_snr_db(reference: Tensor, inputs: Tensor, outputs: Tensor, mask: Tensor) -> float | None:
+    """`output_snr_db` over the sequences the float reference covers (its first n rows)."""
+    n = reference.shape[0]
+    return output_snr_db(reference, inputs[:n], outputs[:n], mask[:n])
 
 
 def trim_heap() -> None:

@@ -11,7 +11,8 @@ from an empty KV cache with positions 0..T-1. Capturing a linear's input registe
 pre-hook; when nothing later in the block is needed the forward stops right after it.
 
 The first complete run while the block still holds its float weights is kept as `reference`
-(the float block's outputs on these inputs), from which the block's output SNR is measured.
+(the float block's outputs on these inputs, [n, T, H] for the first n <= N sequences), from which
+the block's output SNR is measured; `take_reference(n)` records it for the first batches only.
 """
 
 from __future__ import annotations
@@ -127,6 +128,17 @@ class BlockRunner:
                 raise RuntimeError("the float reference must be taken before any weight changes")
             self.run()
         assert self.reference is not None
+        return self.reference
+
+    @torch.no_grad()
+    def take_reference(self, n_seq: int) -> Tensor:
+        """Record the float block's outputs for the first batches covering `n_seq` sequences
+        [n, T, H] (n = n_seq rounded up to whole batches, at most N) as `reference`."""
+        if not self.pristine:
+            raise RuntimeError("the float reference must be taken before any weight changes")
+        outs = [self.layer(self.inputs[b0:b1], self.positions, self.rope, self.cache(b1 - b0))[0]
+                for b0, b1 in self.batches() if b0 < max(1, n_seq)]
+        self.reference = torch.cat(outs)
         return self.reference
 
     def hessians(self, names: list[str], keep: Tensor | None = None,

@@ -24,16 +24,18 @@ up to float rounding, to the plain column-by-column one.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..rtn import find_params, quantize_rtn, quantize_with
+from ..rtn import find_params, quantize_rtn
 from ..weight import UNIFORM_BITS, QuantError, QuantizedWeight
 from .base import BlockCalibrator, BlockResult, CalibContext
 from .block import SEQUENTIAL_GROUPS, BlockRunner
 from .hessian import prefix_split
+from .sequential import SequentialForward, supports
 
 DEFAULT_BLOCK = 128
 
@@ -133,37 +135,22 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
     else:
         H = hessian.detach().to(dtype, copy=True)
     H.diagonal().copy_(diag_h if perm is None else diag_h[perm])  # dead columns: H[i,i] = 1
-    U, damp_used = inverse_cholesky(H, damp, name)
+    with single_thread():  # MKL's threaded potri is slower than one thread on this CPU class
+        U, damp_used = inverse_cholesky(H, damp, name)
     del H
 
     codes = torch.zeros(out, cols, dtype=torch.uint8)  # permuted column order
     perm_list = perm.tolist() if perm is not None else None
     block = block_size_for(group_size, block_size)
     loss = torch.zeros((), dtype=torch.float64)
-    s = z = None
-    for i1 in range(0, cols, block):
-        i2 = min(i1 + block, cols)
-        W1 = W[:, i1:i2].clone()
-        err_block = torch.zeros_like(W1)
-        U1 = U[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            c = i1 + i
-            if static:
-                g = (perm_list[c] if perm_list is not None else c) // size
-                s, z = scales[:, g:g + 1], zeros[:, g:g + 1]
-            elif c % size == 0:
-                src = W[:, c:c + size] if i == 0 else W1[:, i:i + size]
-                s, z = find_params(src, bits, sym, scale_dtype)
-                scales[:, c // size], zeros[:, c // size] = s[:, 0], z[:, 0]
-            col = W1[:, i]
-            q = quantize_with(col[:, None], s, z, bits)[:, 0]
-            codes[:, c] = q
-            deq = (s[:, 0] * (q.float() - z[:, 0])).to(dtype)
-            err = (col - deq) / U1[i, i]
-            loss += (err.double() ** 2).sum() / 2
-            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
-            err_block[:, i] = err
-        W[:, i2:] -= err_block @ U[i1:i2, i2:]
+    with single_thread():  # the column loop is ~10 tiny ops per column: threads only add waits
+        for i1 in range(0, cols, block):
+            i2 = min(i1 + block, cols)
+            q1, err_block = _solve_block(W, U, i1, i2, scales, zeros, size, static, perm_list,
+                                         bits, sym, scale_dtype, dtype)
+            codes[:, i1:i2] = q1.T
+            loss += (err_block.double() ** 2).sum() / 2
+            W[:, i2:] -= err_block.T @ U[i1:i2, i2:]
 
     g_idx = None
     if perm is not None:
@@ -174,6 +161,49 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
     qw = QuantizedWeight(codes=codes, scales=scales, zeros=zeros.to(torch.int32), bits=bits,
                          group_size=group_size, sym=sym, g_idx=g_idx, name=name)
     return GPTQResult(qw, damp_used, int(dead.sum()), float(loss))
+
+
+@contextmanager
+def single_thread():
+    """Run the body with one torch thread (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, scales: Tensor, zeros: Tensor,
+                 size: int, static: bool, perm_list: list[int] | None, bits: int, sym: bool,
+                 scale_dtype: torch.dtype | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """GPTQ's column loop over the (permuted) columns i1..i2 of `W` [out, cols]: codes uint8 and
+    scaled errors `(w - q) / U[i,i]`, both [i2 - i1, out] (one row per column). The block is
+    worked on transposed, so every column is a contiguous row; fills `scales` / `zeros` [out, n_groups]
+    for groups that start inside the block (unless `static`)."""
+    maxq = (1 << bits) - 1
+    W1 = W[:, i1:i2].T.contiguous()  # [b, out]
+    U1 = U[i1:i2, i1:i2]
+    codes = torch.empty(i2 - i1, W.shape[0], dtype=torch.uint8)
+    errors = torch.empty_like(W1)
+    s = z = None
+    for i in range(i2 - i1):
+        c = i1 + i
+        if static:
+            g = (perm_list[c] if perm_list is not None else c) // size
+            s, z = scales[:, g], zeros[:, g]
+        elif c % size == 0:
+            src = W[:, c:c + size] if i == 0 else W1[i:i + size].T
+            s2, z2 = find_params(src, bits, sym, scale_dtype)
+            s, z = s2[:, 0], z2[:, 0]
+            scales[:, c // size], zeros[:, c // size] = s, z
+        col = W1[i]
+        q = torch.clamp(torch.round(col.float() / s) + z, 0, maxq)  # rtn.quantize_with
+        codes[i] = q
+        err = (col - (s * (q - z)).to(dtype)) / U1[i, i]
+        W1[i:] -= U1[i, i:, None] * err[None, :]
+        errors[i] = err
+    return codes, errors
 
 
 @dataclass(frozen=True)
@@ -226,19 +256,29 @@ class GPTQCalibrator(BlockCalibrator):
         keep, prefix = prefix_split(runner.mask, self.config.prefix_skip)
         passes = ([[g] for g in SEQUENTIAL_GROUPS] if self.config.true_sequential
                   else [list(SEQUENTIAL_GROUPS)])
+        # true-sequential on a plain decoder block: each part of the block runs once
+        seq = SequentialForward(runner) if self.config.true_sequential and supports(runner) \
+            else None
         for groups in passes:
             todo = self.pending(runner, groups, ctx, result)
-            if not todo:
+            if seq is not None:  # a skipped group is still run through: later groups need it
+                accs = seq.hessians([groups[0][0]], keep,  # the group shares one input
+                                    prefix=prefix if self.config.prefix_skip else None,
+                                    prefix_cap=self.config.prefix_cap)
+            elif not todo:
                 continue
-            accs = runner.hessians([names[0] for names in todo], keep,
-                                   prefix=prefix if self.config.prefix_skip else None,
-                                   prefix_cap=self.config.prefix_cap)
+            else:
+                accs = runner.hessians([names[0] for names in todo], keep,
+                                       prefix=prefix if self.config.prefix_skip else None,
+                                       prefix_cap=self.config.prefix_cap)
             for names in todo:
-                h = accs.pop(names[0]).hessian(release=True)
+                h = accs.pop(names[0] if seq is None else groups[0][0]).hessian(release=True)
                 for name in names:
                     res = self._quantize(runner.weight(name), h, runner.full(name), ctx)
                     self.accept(runner, name, res.weight, ctx, result, h,
                                 extra={"damp": res.damp, "dead_columns": res.dead_columns})
+        if seq is not None:
+            result.outputs = seq.output()
         return result
 
     def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,

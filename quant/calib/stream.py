@@ -49,7 +49,7 @@ from ..calib_data import CalibData
 from ..formats import get_format
 from ..recipe import QuantRecipe
 from ..weight import Kind, QuantError, QuantizedWeight
-from .base import CalibContext, hessian_snr_db, output_snr_db, trim_heap
+from .base import CalibContext, block_snr_db, hessian_snr_db, trim_heap
 from .block import LINEARS, BlockRunner
 from .hessian import HessianAccumulator
 from .registry import config_as_dict, config_for, handler_for
@@ -262,9 +262,9 @@ def calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Calib
         result = handler.quantize_block(runner, ctx)
         if runner.reference is None:
             raise RuntimeError(f"handler {handler.name} did not run the float block first")
-        y = runner.run()
+        y = result.outputs if result.outputs is not None else runner.run()
         info = {"block": i, "seconds": round(time.perf_counter() - t0, 3),
-                "block_snr_db": _round(output_snr_db(runner.reference, x, y, mask)),
+                "block_snr_db": _round(block_snr_db(runner.reference, x, y, mask)),
                 "linears": [r.as_dict() for r in result.reports]}
         save_weights(block_file(work_dir, i), result.quantized, result.floats, info)
         _atomic_save(work_dir / "hidden.safetensors", {"hidden": y.contiguous()},
