@@ -4,20 +4,27 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARK := $(VENV)/bin/arkinfer
 
-.PHONY: setup test test-all demo clean
+.PHONY: setup opencl test test-all demo clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,gguf,onnx,mlx,coreml]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,gguf,onnx,mlx,coreml,tvm]"
 	touch $@
 
-test: setup
+# Debian's PoCL, a real OpenCL implementation on the CPU: the TVM backend's OpenCL kernels run on it
+# in the tests (skipped, with the reason, where it is missing and cannot be installed: not root).
+opencl:
+	@ldconfig -p | grep -q libpocl || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -q >/dev/null && \
+	  apt-get install -y -q --no-install-recommends pocl-opencl-icd ocl-icd-opencl-dev >/dev/null; } || \
+	  echo "PoCL not installed (needs root + apt-get): the OpenCL kernel tests will be skipped"
+
+test: setup opencl
 	$(PY) -m pytest -q -m "not heavy"
 
-test-all: setup
+test-all: setup opencl
 	$(PY) -m pytest -q
 
 demo: setup

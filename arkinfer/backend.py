@@ -29,6 +29,18 @@ imports a backend SDK.
                                                # program before lower; the manifest records them
     lowers_from_ir: bool                       # default True; False when lower() reads only the
                                                # weights (gguf): build then skips the trace
+    bench_remote(artifact_dir, manifest, address, key, spec, progress) -> rows
+        # `arkinfer bench --rpc HOST:PORT [--key K]`: llama-bench rows measured on a remote device
+        # (tvm: TVM RPC). Default: an ArkError saying this backend has no remote bench.
+    build_runtime(progress) -> dict[str, str]
+        # `arkinfer doctor --build-RUNTIME`: build (or reuse) an optional native runtime the
+        # backend's Runner then uses (gguf: llama.cpp patched with InfLLM v2); returns what to
+        # show (versions, paths). Default: an ArkError saying there is none.
+    quantizes_in_lower(recipe, options) -> bool
+        # default False; True when lower() quantises this weight-only recipe itself from the
+        # float source with the runtime's own quantiser (gguf's rtn=ggml, the bytes
+        # llama-quantize writes): build then skips its quantise stage, passes the float
+        # checkpoint as model_dir, and takes the manifest's quant figures from LowerResult.quant
     fidelity_top1: float                       # default 0.99
 
 A `Runner` (below) serves verify, eval and bench; `RunnerBase` supplies `attention_modes = ()`
@@ -94,6 +106,8 @@ class LowerResult:
     toolchain: package -> version used to write / run the artifact.
     notes: anything the user must know (type fallbacks, layers kept in float, ...).
     layers: per-tensor storage, e.g. {"model.layers.0.mlp.up_proj": "Q4_0"} (optional).
+    quant: when lower() quantised the weights itself (`Backend.quantizes_in_lower`):
+        {"bits_per_weight": float, "quantised_by": "who rounded the weights"}.
     """
 
     files: list[str]
@@ -101,6 +115,7 @@ class LowerResult:
     toolchain: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     layers: dict[str, str] = field(default_factory=dict)
+    quant: dict[str, Any] | None = None
 
 
 @runtime_checkable
@@ -208,6 +223,9 @@ class Backend(Protocol):
     def reference_weights(self, artifact_dir: str | Path) -> Path | None:
         """Weights the reference model runs to reproduce the artifact exactly, or None."""
 
+    def quantizes_in_lower(self, recipe: Any, options: dict[str, str]) -> bool:
+        """True when lower() quantises this (weight-only) recipe from the float source itself."""
+
 
 class BackendBase:
     """Defaults for the optional parts of the `Backend` contract."""
@@ -223,6 +241,21 @@ class BackendBase:
 
     def reference_weights(self, artifact_dir: str | Path) -> Path | None:
         return None
+
+    def quantizes_in_lower(self, recipe: Any, options: dict[str, str]) -> bool:
+        return False
+
+    def build_runtime(self, progress: Callable[[str], None] | None = None) -> dict[str, str]:
+        raise NotAvailableError(f"backend {self.name!r} has no runtime to build",
+                                hint="`arkinfer doctor --build-llamacpp` builds the gguf "
+                                "backend's InfLLM v2 llama.cpp")
+
+    def bench_remote(self, artifact_dir: str | Path, manifest: dict[str, Any], address: str,
+                     key: str | None, spec: Any,
+                     progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+        raise NotAvailableError(f"backend {self.name!r} has no remote bench (--rpc)",
+                                hint="--rpc times tvm artifacts (arkinfer build MODEL --target "
+                                "android) on a TVM RPC server; bench this artifact without --rpc")
 
 
 @dataclass(frozen=True)
@@ -250,8 +283,9 @@ def get_backend(name: str) -> Backend:
                                 "a backend registers in the 'arkinfer.backends' entry-point group")
     backend = eps[name].load()
     if not isinstance(backend, Backend):
-        missing = [m for m in ("name", "ir_passes", "lowers_from_ir", "fidelity_top1", "available", "install_hint",
-                               "preflight", "lower", "load", "reference_weights")
+        missing = [m for m in ("name", "ir_passes", "lowers_from_ir", "fidelity_top1", "available",
+                               "install_hint", "preflight", "lower", "load", "reference_weights",
+                               "quantizes_in_lower")
                    if not hasattr(backend, m)]
         raise NotAvailableError(f"entry point {eps[name].value!r} of backend {name!r} does not "
                                 f"implement the Backend contract (missing: {', '.join(missing)})",

@@ -28,6 +28,8 @@ EXAMPLES = [
     "arkinfer bench dist/demo.host.q4_0 -p 128,512 -n 64 -d 0,1024,2048 -r 3 --plot bench.png",
     "arkinfer bench dist/demo.host.q4_0 --attention both -d 0,4096 --json > bench.json",
     "arkinfer bench dist/smollm2.rpi5.q4_0 --format csv --threads 2",
+    "arkinfer bench dist/demo.android-sd8gen3.q4_0 --rpc 192.168.1.7:9090 -p 64 -n 32",
+    "arkinfer bench dist/demo.android-sd8gen3.q4_0 --rpc tracker.lan:9190 --key android",
 ]
 
 
@@ -80,6 +82,11 @@ def command(
                                               "a PNG.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: "
                                                 "torch's).")] = None,
+    rpc: Annotated[str | None, typer.Option("--rpc", help="HOST:PORT of a TVM RPC server (or "
+                                            "tracker with --key): time the artifact on that "
+                                            "remote device (tvm artifacts).")] = None,
+    key: Annotated[str | None, typer.Option("--key", help="With --rpc: the tracker's device "
+                                            "key, e.g. android.")] = None,
     old_output: Annotated[OutFormat | None, typer.Option("-o", "--output", hidden=True)] = None,
     old_threads: Annotated[int | None, typer.Option("-t", hidden=True)] = None,
 ) -> None:
@@ -109,18 +116,22 @@ def command(
     modes = ("dense", "sparse") if attention == Attention.both else (attention.value,)
     spec = BenchSpec(_ints(prompts, "-p"), _ints(gens, "-n"), _ints(depths, "-d"), repetitions,
                      warmup, modes)
-    with err_console.status(Text("loading")) as status:
-        manifest, runner = load_runner(artifact, bench=True,
-                                       step=lambda m: status.update(Text(f"loading: {m}")))
-        if attention != Attention.default and not manifest["source"].get("sparse_config"):
-            raise ArkError(f"--attention {attention.value}: {manifest['name']} has no "
-                           "sparse_config, so it only runs dense attention",
-                           hint="drop --attention (or use a sparse-config model like the demo)")
-        source = Path(manifest["source"]["path"])
-        raw = read_config(source) if (source / "config.json").is_file() else None
-        predictor = host_predictor(manifest, raw) if raw else None
-        rows = run_bench(runner, manifest, spec, predictor=predictor,
-                         progress=lambda m: status.update(Text(f"bench: {m}")))
+    if rpc is not None or key is not None:
+        manifest, rows = _remote_rows(artifact, rpc, key, spec, attention)
+    else:
+        with err_console.status(Text("loading")) as status:
+            manifest, runner = load_runner(artifact, bench=True,
+                                           step=lambda m: status.update(Text(f"loading: {m}")))
+            if attention != Attention.default and not manifest["source"].get("sparse_config"):
+                raise ArkError(f"--attention {attention.value}: {manifest['name']} has no "
+                               "sparse_config, so it only runs dense attention",
+                               hint="drop --attention (or use a sparse-config model like "
+                               "the demo)")
+            source = Path(manifest["source"]["path"])
+            raw = read_config(source) if (source / "config.json").is_file() else None
+            predictor = host_predictor(manifest, raw) if raw else None
+            rows = run_bench(runner, manifest, spec, predictor=predictor,
+                             progress=lambda m: status.update(Text(f"bench: {m}")))
     if plot is not None:
         write_plot(rows, plot, f"{manifest['name']} on {rows[0]['cpu_info']}")
         err_console.print(f"plot written to {plot}")
@@ -130,6 +141,29 @@ def command(
         print(_csv(rows), end="")
     else:
         _markdown(rows, manifest)
+
+
+def _remote_rows(artifact: Path, rpc: str | None, key: str | None, spec,
+                 attention: Attention) -> tuple[dict, list[dict]]:
+    """(manifest, rows) timed on a TVM RPC remote (backends/tvm/rpc_bench.py)."""
+    from arkinfer.backend import get_backend
+    from arkinfer.errors import ArkError
+    from arkinfer.pipeline import manifest as mf
+    from arkinfer.pipeline.artifact import check_integrity
+
+    if rpc is None:
+        raise ArkError(f"--key {key} needs --rpc HOST:PORT (the tracker's address)",
+                       hint="e.g. --rpc 192.168.1.2:9190 --key android")
+    manifest = mf.read_manifest(artifact)
+    check_integrity(artifact, manifest)
+    if attention != Attention.default:
+        raise ArkError(f"--rpc runs the artifact's default attention; --attention is "
+                       f"{attention.value}", hint="drop --attention, or bench without --rpc")
+    backend = get_backend(manifest["backend"]["name"])
+    with err_console.status(Text(f"connecting to {rpc}")) as status:
+        rows = backend.bench_remote(artifact, manifest, rpc, key, spec,
+                                    progress=lambda m: status.update(Text(f"bench: {m}")))
+    return manifest, rows
 
 
 def _csv(rows: list[dict]) -> str:
@@ -152,15 +186,19 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         test = r["test"] + (f" @ d{r['n_depth']}" if r["n_depth"] else "")
         cells = [r["model_filename"], f"{r['model_size'] / 2**20:.2f} MiB", r["backends"],
-                 str(r["n_threads"]), r["attention"], test,
+                 str(r["n_threads"] or "-"), r["attention"], test,
                  f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}", f(r["ttft_ms"], ".1f"),
                  f(r["predicted_ts"]), f(r["measured_over_predicted"]),
-                 f"{r['peak_rss_bytes'] / 2**20:.0f}"]
+                 f(r["peak_rss_bytes"] and r["peak_rss_bytes"] / 2**20, ".0f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _markdown(rows: list[dict], manifest: dict) -> None:
     print(markdown_table(rows), end="")
+    if "TVM RPC" in rows[0]["backends"]:
+        console.print(f"\ndevice: {rows[0]['cpu_info']}. Timed there by TVM's time_evaluator "
+                      "(tg: one decode step at depth + n/2); no prediction, no RSS.")
+        return
     console.print(f"\nCPU: {rows[0]['cpu_info']}. predicted: arkinfer.latency for this host "
                   "(`arkinfer doctor` measures its bandwidth and compute).")

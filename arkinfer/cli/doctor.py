@@ -22,7 +22,8 @@ from arkinfer.cli._output import console, print_json, print_kv, print_table
 HELP = ("Check this installation: registered backends and whether their toolchains are "
         "installed (with the install command), package versions, and this machine's copy "
         "bandwidth and matmul rate, measured once and cached for host latency predictions.")
-EXAMPLES = ["arkinfer doctor", "arkinfer doctor --remeasure", "arkinfer doctor --json"]
+EXAMPLES = ["arkinfer doctor", "arkinfer doctor --remeasure", "arkinfer doctor --json",
+            "arkinfer doctor --build-llamacpp"]
 
 # distribution -> what ArkInfer uses it for (and the extra that installs it)
 PACKAGES = {
@@ -69,9 +70,31 @@ def command(
     remeasure: Annotated[bool, typer.Option("--remeasure", help="Measure bandwidth and matmul "
                                             "rate again instead of using the cache.")] = False,
     json_out: JsonOpt = False,
+    build_llamacpp: Annotated[bool, typer.Option(
+        "--build-llamacpp", help="Build llama.cpp with ArkInfer's InfLLM v2 patch "
+        "(pip-downloads the pinned llama-cpp-python sdist, patches it, builds libllama with CMake "
+        "into the cache; reused once built). GGUF artifacts of MiniCPM4 with a sparse_config then "
+        "run sparse.")] = False,
 ) -> None:
     """Backends, toolchains and this machine's measured numbers."""
+    if build_llamacpp:
+        build_patched(json_out)
+        return
     run(remeasure, json_out)
+
+
+@handle_errors
+def build_patched(json_out: bool) -> None:
+    """`--build-llamacpp`: build (or reuse) the gguf backend's InfLLM v2 llama.cpp and say where
+    it is (`Backend.build_runtime`)."""
+    from arkinfer.backend import get_backend
+
+    say = None if json_out else (lambda msg: console.print(msg, markup=False))
+    info = get_backend("gguf").build_runtime(progress=say)
+    if json_out:
+        print_json(info)
+        return
+    print_kv("InfLLM v2 llama.cpp", [(k.replace("_", " "), v) for k, v in info.items()])
 
 
 @handle_errors

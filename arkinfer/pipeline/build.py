@@ -140,8 +140,13 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
          if program is not None else f"skipped: {plan.backend} lowers from the weights")
     # ---------------------------------------------------------------- quantise
     timed("quantise")
-    quant_record, model_dir = _quantise(plan, ckpt, work, rep)
+    in_lower = plan.recipe is not None and backend.quantizes_in_lower(plan.recipe, plan.options)
+    if in_lower:  # the runtime's own quantiser rounds the float source while lowering
+        quant_record, model_dir = _quantised_in_lower(plan), plan.source
+    else:
+        quant_record, model_dir = _quantise(plan, ckpt, work, rep)
     done("quantise", "float weights, nothing to do" if plan.recipe is None else
+         f"done by {plan.backend}'s lower" if in_lower else
          f"{plan.recipe.describe()}, {quant_record.get('bits_per_weight') or '-'} bits/weight")
     # ---------------------------------------------------------------- lower
     timed("lower")
@@ -150,7 +155,10 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
                            options=plan.options, progress=rep.step, program=program)
     lowered = backend.lower(request)
     shutil.rmtree(work, ignore_errors=True)  # the quantised folder is no longer needed
-    done("lower", f"{len(lowered.files)} files")
+    if in_lower:
+        _fill_from_lower(quant_record, lowered)
+    done("lower", f"{len(lowered.files)} files" + (
+        f", {quant_record['bits_per_weight']} bits/weight" if in_lower else ""))
     # ---------------------------------------------------------------- verify
     timed("verify")
     partial = {"backend": {"name": plan.backend}, "quant": {"scheme": plan.quant}}
@@ -250,6 +258,27 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
             "calibration_sha256": summary["calibration_sha256"],
             "bits_per_weight": summary["bits_per_weight"], "layers": layers,
             "float_layers": summary["float_linears"]}, folder
+
+
+def _quantised_in_lower(plan: BuildPlan) -> dict[str, Any]:
+    """The quant record of a recipe the backend rounds itself (`Backend.quantizes_in_lower`);
+    bits and layers are filled in from the LowerResult."""
+    from dataclasses import asdict
+
+    recipe = asdict(plan.recipe)
+    recipe["skip"] = list(recipe["skip"])
+    return {"scheme": plan.quant, "dtype": plan.dtype, "recipe": recipe, "calibration": None,
+            "calibration_sha256": None, "bits_per_weight": None, "layers": {},
+            "float_layers": []}
+
+
+def _fill_from_lower(record: dict[str, Any], lowered) -> None:
+    """bits_per_weight, quantised_by and per-linear storage from what lower() wrote."""
+    if lowered.quant is None:
+        raise RuntimeError("the backend said it quantises in lower() but returned no quant figures")
+    record["bits_per_weight"] = lowered.quant["bits_per_weight"]
+    record["quantised_by"] = lowered.quant["quantised_by"]
+    record["layers"] = {name: {"storage": kind} for name, kind in sorted(lowered.layers.items())}
 
 
 def predict_for(plan: BuildPlan) -> dict[str, Any] | None:

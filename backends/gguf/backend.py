@@ -56,6 +56,23 @@ class GGUFBackend(BackendBase):
                               hint="pick a --quant preset of those formats, e.g. q4_0")
         return []
 
+    def build_runtime(self, progress=None) -> dict[str, str]:
+        """`arkinfer doctor --build-llamacpp`: llama.cpp with the InfLLM v2 patch set, built into
+        the cache (reused when current); the Runner then runs sparse artifacts with it."""
+        from .llamacpp_build import PINNED_VERSION, build_patched_llamacpp, patch_set_hash
+
+        lib = build_patched_llamacpp(progress=progress)
+        return {"llama_cpp_python": PINNED_VERSION, "patches": patch_set_hash(),
+                "library": str(lib),
+                "used_by": "gguf runner, for artifacts with a sparse_config"}
+
+    def quantizes_in_lower(self, recipe: Any, options: dict[str, str]) -> bool:
+        """RTN recipes with rtn=ggml (the default): ggml's reference quantiser rounds the float
+        source in lower, byte-identical to llama-quantize; no quantised folder is written."""
+        from .plan import ggml_rtn
+
+        return ggml_rtn(recipe, options)
+
     def lower(self, request: LowerRequest) -> LowerResult:
         from .lower import lower
 
@@ -74,8 +91,16 @@ class GGUFBackend(BackendBase):
         n_ctx = n_ctx or int(runner_cfg.get("n_ctx", DEFAULT_N_CTX))
         # Same thread count as every other runner (torch's; `arkinfer bench -t` sets it), for
         # decode too: llama-cpp-python's own default is half the cores for single-token steps.
-        return LlamaCppRunner(Path(artifact_dir) / GGUF_FILE, n_ctx=n_ctx,
-                              n_threads=n_threads or torch.get_num_threads(), all_logits=not bench)
+        n_threads = n_threads or torch.get_num_threads()
+        path = Path(artifact_dir) / GGUF_FILE
+        lib = patched_library_dir() if has_sparse_config(path) else None
+        if lib is not None:
+            # InfLLM v2: the patched libllama, in a child process (subprocess_runner.py)
+            from .subprocess_runner import SubprocessLlamaCppRunner
+
+            return SubprocessLlamaCppRunner(path, lib, n_ctx=n_ctx, n_threads=n_threads,
+                                            all_logits=not bench)
+        return LlamaCppRunner(path, n_ctx=n_ctx, n_threads=n_threads, all_logits=not bench)
 
     def reference_weights(self, artifact_dir: str | Path) -> Path:
         """The GGUF file itself: ArkInfer's reference model runs it dequantised (imported once into
@@ -83,6 +108,25 @@ class GGUFBackend(BackendBase):
         from .lower import GGUF_FILE
 
         return Path(artifact_dir) / GGUF_FILE
+
+
+def has_sparse_config(gguf_path: Path) -> bool:
+    """True when the file carries InfLLM v2 keys (`<arch>.attention.indexer.block_size`)."""
+    import gguf
+
+    if not gguf_path.is_file():
+        return False
+    reader = gguf.GGUFReader(gguf_path)
+    return any(k.endswith(".attention.indexer.block_size") for k in reader.fields)
+
+
+def patched_library_dir() -> Path | None:
+    """The InfLLM v2 libllama (`arkinfer doctor --build-llamacpp`), unless ARKINFER_LLAMACPP=upstream."""
+    import os
+
+    from .llamacpp_build import patched_library_dir as built
+
+    return None if os.environ.get("ARKINFER_LLAMACPP") == "upstream" else built()
 
 
 BACKEND = GGUFBackend()

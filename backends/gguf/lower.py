@@ -24,7 +24,7 @@ from arkinfer.frontend.checkpoint import open_checkpoint
 from arkinfer.frontend.gguf_model import ARCHS, ArchSpec
 
 from .metadata import write_metadata
-from .plan import plan_model
+from .plan import ggml_rtn, plan_model
 from .tensors import tensor_bytes
 from .tokenizer import read_vocab, write_vocab
 
@@ -58,6 +58,13 @@ def _ops(spec: ArchSpec, config, plan) -> dict[str, str]:
     sparse = getattr(config, "sparse_config", None)
     attention = ("dense (llama.cpp ignores arkinfer.sparse.*; InfLLM v2 is not run)" if sparse
                  else "dense (llama.cpp flash/soft-max attention)")
+    if sparse:
+        from .backend import patched_library_dir
+
+        if patched_library_dir() is not None:
+            attention = ("InfLLM v2 (patched llama.cpp, built by `arkinfer doctor "
+                         "--build-llamacpp`); upstream llama.cpp ignores "
+                         "minicpm.attention.indexer.* / arkinfer.sparse.* and runs this file dense")
     rope = ("NORM (interleaved pairs; q/k rows permuted at lowering)" if spec.permuted_qk
             else "NEOX (rotate-half; rows unpermuted)")
     if (config.rope_scaling or {}).get("rope_type") == "longrope":
@@ -98,7 +105,7 @@ def lower(request: LowerRequest) -> LowerResult:
     out = Path(request.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / GGUF_FILE
-    quantised = "quantization_config" in ckpt.raw_config
+    quantised = plan.quantised
     recipe = request.recipe.describe() if request.recipe is not None else None
     writer = gguf.GGUFWriter(str(path), spec.gguf_arch)
     try:
@@ -127,5 +134,16 @@ def lower(request: LowerRequest) -> LowerResult:
     if _version("llama_cpp_python"):
         toolchain["llama-cpp-python"] = _version("llama_cpp_python")
     notes = [f"tokenizer: {vocab.kind}", *plan.notes]
+    quant = None
+    if source is None and ggml_rtn(request.recipe, request.options):  # rounded here by ggml
+        quant = {"bits_per_weight": _linear_bits(plan),
+                 "quantised_by": f"ggml's reference quantiser (gguf {_version('gguf')})"}
     return LowerResult(files=[GGUF_FILE], ops=_ops(spec, config, plan), toolchain=toolchain,
-                       notes=notes, layers=plan.layers)
+                       notes=notes, layers=plan.layers, quant=quant)
+
+
+def _linear_bits(plan) -> float:
+    """Bits per weight of the 2-D tensors inside the layers (the linears), as written."""
+    linears = [t for t in plan.tensors if len(t.shape) == 2 and t.name.startswith("blk.")]
+    elements = sum(t.shape[0] * t.shape[1] for t in linears)
+    return round(8 * sum(t.nbytes for t in linears) / max(elements, 1), 4)

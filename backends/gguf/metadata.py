@@ -12,8 +12,21 @@ Keys as upstream llama.cpp's convert_hf_to_gguf.py writes them (the values llama
     minicpm.logit_scale     = hidden / dim_model_base   (llama.cpp divides the logits by it)
     minicpm.rope.scaling.type "longrope" + original_context_length (+ attn_factor when != 1)
 
-InfLLM v2's `sparse_config` goes to `arkinfer.sparse.<key>` (upstream llama.cpp ignores unknown
-keys and runs attention dense); `arkinfer.version` / `arkinfer.recipe` record the build.
+InfLLM v2's `sparse_config` goes to `arkinfer.sparse.<key>` and, named the way llama.cpp names
+MiniMax-M3's MSA indexer keys, to the keys ArkInfer's llama.cpp patch (llamacpp_patch/) reads:
+
+    minicpm.attention.indexer.block_size    uint32  block_size                      (64)
+    minicpm.attention.indexer.top_k         uint32  blocks selected in all: topk + window/block (96)
+    minicpm.attention.indexer.local_blocks  uint32  trailing blocks forced, the query's own included:
+                                                    window/block + 1 (33)
+    minicpm.attention.indexer.init_blocks   uint32  init_blocks                     (1)
+    minicpm.attention.indexer.kernel_size   uint32  kernel_size                     (32)
+    minicpm.attention.indexer.kernel_stride uint32  kernel_stride                   (16)
+    minicpm.attention.indexer.dense_len     uint32  dense_len, 0 for -1 (always sparse) (8192)
+    minicpm.attention.indexer.use_nope      bool    use_nope
+
+Upstream llama.cpp ignores both sets and runs attention dense; `arkinfer.version` /
+`arkinfer.recipe` record the build.
 """
 
 from __future__ import annotations
@@ -39,6 +52,23 @@ def _add_sparse(writer: Any, sparse: dict[str, Any]) -> None:
         elif isinstance(value, str):
             writer.add_string(name, value)
         # None and nested values have no GGUF form; the manifest keeps the whole sparse_config
+
+
+def _add_indexer(writer: Any, arch: str, sparse: dict[str, Any]) -> None:
+    """`{arch}.attention.indexer.*` (the table above) from a valid sparse_config."""
+    from dataclasses import fields
+
+    from arkinfer.ops.infllmv2.config import SparseConfig
+
+    known = {f.name for f in fields(SparseConfig)}
+    cfg = SparseConfig.from_dict({k: v for k, v in sparse.items() if k in known})
+    prefix = f"{arch}.attention.indexer."
+    for key, value in (("block_size", cfg.block_size), ("top_k", cfg.budget),
+                       ("local_blocks", cfg.local_blocks + 1), ("init_blocks", cfg.init_blocks),
+                       ("kernel_size", cfg.kernel_size), ("kernel_stride", cfg.kernel_stride),
+                       ("dense_len", max(cfg.dense_len, 0))):
+        writer.add_uint32(prefix + key, value)
+    writer.add_bool(prefix + "use_nope", cfg.use_nope)
 
 
 def write_metadata(writer: Any, spec: ArchSpec, config: Any, raw: dict[str, Any], *,
@@ -87,6 +117,7 @@ def write_metadata(writer: Any, spec: ArchSpec, config: Any, raw: dict[str, Any]
         sparse = getattr(config, "sparse_config", None)
         if sparse:
             _add_sparse(writer, sparse)
+            _add_indexer(writer, spec.gguf_arch, sparse)
     writer.add_string("arkinfer.version", __version__)
     if recipe is not None:
         writer.add_string("arkinfer.recipe", recipe)

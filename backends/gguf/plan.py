@@ -39,15 +39,35 @@ EMBED_CHOICES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16
 
 @dataclass
 class ModelPlan:
+    """quantised: the file holds quantised linears (from a quantised folder, or rounded here
+    from the float source for an RTN recipe with rtn=ggml)."""
+
     tensors: list[TensorPlan]
     notes: list[str] = field(default_factory=list)
     layers: dict[str, str] = field(default_factory=dict)
+    quantised: bool = False
 
     def main_type(self) -> GGMLType:
         """The type most linear weights (2-D, inside the layers) have: the file's `file_type`."""
         counts = Counter(t.qtype for t in self.tensors
                          if len(t.shape) == 2 and t.name.startswith("blk."))
         return counts.most_common(1)[0][0] if counts else GGMLType.F32
+
+
+def rtn_option(options: dict[str, str]) -> str:
+    """The `rtn=` option: "ggml" (default) or "folder"; anything else is an ArkError."""
+    rtn = options.get("rtn", "ggml").lower()
+    if rtn not in ("ggml", "folder"):
+        raise ArkError(f"--option rtn={rtn} is not a choice", hint="use rtn=ggml or rtn=folder")
+    return rtn
+
+
+def ggml_rtn(recipe: Any, options: dict[str, str]) -> bool:
+    """True when ggml's reference quantiser rounds the linears from the float source: an RTN
+    recipe in a GGUF block format with rtn=ggml (the default). The build then needs no quantised
+    folder (`Backend.quantizes_in_lower`)."""
+    return (recipe is not None and recipe.calib == "rtn" and rtn_option(options) == "ggml"
+            and getattr(get_format(recipe.format), "ggml_type", None) is not None)
 
 
 def packed_format(ckpt: Checkpoint) -> tuple[str | None, GGMLType | None]:
@@ -110,18 +130,21 @@ def plan_model(ckpt: Checkpoint, spec: ArchSpec, recipe: Any, dtype: str,
     float_type = FLOAT_TYPES[dtype]
     fmt_name, packed_type = packed_format(ckpt)
     quantised = fmt_name is not None
+    # a float checkpoint with an RTN recipe: ggml rounds every linear right here
+    rounds_here = not quantised and ggml_rtn(recipe, options)
+    if rounds_here:
+        fmt_name = recipe.format
+        packed_type = GGMLType(int(get_format(recipe.format).ggml_type))
+        quantised = True
     embed_opt = options.get("embeddings", "q8_0").lower()
     if embed_opt not in EMBED_CHOICES:
         raise ArkError(f"--option embeddings={embed_opt} is not a type the GGUF backend writes",
                        hint=f"use one of {', '.join(EMBED_CHOICES)}")
     explicit = "embeddings" in options
     embed_type = EMBED_CHOICES[embed_opt] if explicit else (EMBED_TYPE if quantised else float_type)
-    rtn = options.get("rtn", "ggml").lower()
-    if rtn not in ("ggml", "folder"):
-        raise ArkError(f"--option rtn={rtn} is not a choice", hint="use rtn=ggml or rtn=folder")
-    from_source = (quantised and recipe is not None and recipe.calib == "rtn" and rtn == "ggml"
+    from_source = (quantised and not rounds_here and ggml_rtn(recipe, options)
                    and source is not None)
-    plan = ModelPlan(_extra_tensors(spec, ckpt.config))
+    plan = ModelPlan(_extra_tensors(spec, ckpt.config), quantised=quantised)
     config = ckpt.config
     for hf_name, shape in _expected(ckpt).items():
         name = gguf_name(hf_name)
@@ -146,6 +169,8 @@ def plan_model(ckpt: Checkpoint, spec: ArchSpec, recipe: Any, dtype: str,
             want, why = float_type, "float build"
         elif recipe is not None and recipe.skips(owner):
             want, why = float_type, "skipped by the recipe"
+        elif rounds_here:
+            want, why = packed_type, "RTN recipe"
         else:
             want, why = packed_type, "left in float by the quantiser"
             plan.notes.append(f"{owner}: left in float by the quantiser; stored as "
@@ -157,7 +182,7 @@ def plan_model(ckpt: Checkpoint, spec: ArchSpec, recipe: Any, dtype: str,
                               f"{qtype.name}")
         plan.tensors.append(TensorPlan(hf_name, name, shape, qtype, "float", heads))
         plan.layers[owner] = qtype.name
-    if from_source:
+    if from_source or rounds_here:
         plan.notes.append(f"RTN recipe: linears quantised to {packed_type.name} from the float "
                           "source by ggml's reference quantiser (bytes as llama-quantize writes "
                           "them; --option rtn=folder keeps ArkInfer's RTN blocks)")

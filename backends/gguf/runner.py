@@ -42,10 +42,14 @@ class LlamaCppRunner(RunnerBase):
     fixed_attention = "dense"
 
     def __init__(self, gguf_path: str | Path, n_ctx: int = 512, n_threads: int | None = None,
-                 vocab_only: bool = False, kv_type: str = "f16", all_logits: bool = True) -> None:
+                 vocab_only: bool = False, kv_type: str = "f16", all_logits: bool = True,
+                 flash_attn: bool = False, n_batch: int | None = None) -> None:
         """kv_type: KV cache element type, "f16" (llama.cpp's default) or "f32" (exact parity
         checks: an f16 cache rounds K and V to 11 significant bits). all_logits=False (timing
-        runs) skips the n_ctx x vocab logits buffer; window_logits then takes at most 512 tokens."""
+        runs) skips the n_ctx x vocab logits buffer; window_logits then takes at most 512 tokens.
+        flash_attn: llama.cpp's flash-attention path (the InfLLM v2 build needs it for sparse
+        attention, see subprocess_runner.py). n_batch: tokens per llama_decode call and per
+        ubatch (default min(n_ctx, 512))."""
         llama_cpp = _llama_cpp()
         self.path = Path(gguf_path)
         if not self.path.is_file():
@@ -53,10 +57,12 @@ class LlamaCppRunner(RunnerBase):
                                     hint="build the artifact again (arkinfer build ... --backend gguf)")
         self.n_ctx = n_ctx
         self.all_logits = all_logits
-        self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=min(n_ctx, 512),
+        n_batch = n_batch or min(n_ctx, 512)
+        self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_batch,
+                                   n_ubatch=n_batch,
                                    logits_all=all_logits, vocab_only=vocab_only, verbose=False,
                                    n_threads=n_threads, type_k=KV_TYPES[kv_type],
-                                   type_v=KV_TYPES[kv_type])
+                                   type_v=KV_TYPES[kv_type], flash_attn=flash_attn)
         self.vocab_size = int(self.llm.n_vocab())
 
     def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
@@ -85,6 +91,16 @@ class LlamaCppRunner(RunnerBase):
         """Append one token; its logits [V]."""
         self._eval([token])
         return self._last()
+
+    def chunk_logits(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` (at most n_batch: one llama_decode call, one ubatch); logits [T, V] of
+        each of them. Needs all_logits=True."""
+        if len(ids) > self.llm.n_batch:
+            raise ArkError(f"{len(ids)} tokens do not fit one batch of {self.llm.n_batch}",
+                           hint="load the runner with a larger n_batch")
+        start = self.llm.n_tokens
+        self._eval(ids, every_position=True)
+        return torch.from_numpy(np.array(self.llm.scores[start:start + len(ids)], dtype=np.float32))
 
     def _eval(self, ids: list[int], every_position: bool = False) -> None:
         if not ids:

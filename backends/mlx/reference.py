@@ -15,20 +15,18 @@ as it is.
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from arkinfer.quant.export import TOKENIZER_FILES
 from arkinfer.quant.formats import get_format
 
 from arkinfer.errors import ArkError
 from arkinfer.frontend.cache import cache_dir_path, content_key, locked
 from arkinfer.frontend.checkpoint import read_config
 from arkinfer.frontend.safetensors_io import weight_files
-from arkinfer.frontend.shard_writer import TensorSpec, write_shards
+from arkinfer.frontend.shard_writer import TensorSpec, finish_float_folder, write_shards
 
 from .config import quantization_of
 
@@ -101,13 +99,6 @@ def reference_folder(artifact_dir: str | Path) -> Path:
         write_shards(out, specs, produce, "f32", MAX_SHARD_BYTES)
         # mlx_lm.convert also writes a copy as "quantization_config", which the reference
         # loader would read as a (non-MLX) quantised folder: drop both.
-        cfg = {k: v for k, v in raw.items() if k not in ("quantization", "quantization_config")}
-        cfg["torch_dtype"] = "float32"
-        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-        for name in TOKENIZER_FILES:
-            if (artifact / name).is_file():
-                shutil.copy2(artifact / name, out / name)
-        (out / DONE_FILE).write_text(json.dumps({"artifact": str(artifact.resolve()),
-                                                 "version": REFERENCE_VERSION}) + "\n",
-                                     encoding="utf-8")
+        finish_float_folder(out, artifact, raw, ("quantization", "quantization_config"),
+                            DONE_FILE, REFERENCE_VERSION)
     return out

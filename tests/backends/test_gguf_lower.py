@@ -227,23 +227,33 @@ def test_quantised_blocks_are_copied_without_rerounding(checkpoint, tmp_path, pr
 @pytest.mark.parametrize("preset", ["q4_0", "q4_1", "q8_0"])
 def test_rtn_blocks_are_byte_identical_to_llama_quantize(checkpoint, tmp_path, preset):
     """RTN recipes (default rtn=ggml): every layer tensor equals what llama.cpp's own quantiser
-    writes from our F32 GGUF of the same float weights."""
+    writes from our F32 GGUF of the same float weights, whether lowered from the quantised folder
+    or straight from the float checkpoint (what `arkinfer build` does: quantizes_in_lower)."""
     from arkinfer.backends.gguf.llamacpp_quantize import llamacpp_quantize
 
     folder = checkpoint("minicpm", **longrope_256("minicpm"))
     recipe = get_preset(preset)
+    assert BACKEND.quantizes_in_lower(recipe, {}) and not BACKEND.quantizes_in_lower(
+        recipe, {"rtn": "folder"})
     qdir = quantise(folder, recipe, tmp_path / "q")
     result = lower(qdir, tmp_path / "ours", recipe, source=folder)
     assert any("ggml's reference quantiser" in n for n in result.notes)
+    assert result.quant is None  # the folder's quantiser already ran
+    direct = lower(folder, tmp_path / "direct", recipe)
+    bits = {"q4_0": 4.5, "q4_1": 5.0, "q8_0": 8.5}[preset]
+    assert direct.quant["bits_per_weight"] == bits
+    assert direct.layers == result.layers
     lower(folder, tmp_path / "f32")
     theirs = llamacpp_quantize(tmp_path / "f32" / "model.gguf", tmp_path / "theirs.gguf",
                                preset.upper())
-    ours, ref = _gguf_tensors(tmp_path / "ours" / "model.gguf"), _gguf_tensors(theirs)
+    ref = _gguf_tensors(theirs)
     layer_tensors = [n for n in ref if n.startswith("blk.")]
     assert len(layer_tensors) == 18
-    for name in layer_tensors:
-        assert ours[name].tensor_type == ref[name].tensor_type, name
-        assert np.array_equal(np.asarray(ours[name].data), np.asarray(ref[name].data)), name
+    for ours in (_gguf_tensors(tmp_path / "ours" / "model.gguf"),
+                 _gguf_tensors(tmp_path / "direct" / "model.gguf")):
+        for name in layer_tensors:
+            assert ours[name].tensor_type == ref[name].tensor_type, name
+            assert np.array_equal(np.asarray(ours[name].data), np.asarray(ref[name].data)), name
 
 
 def test_ternary_blocks_and_fallback_to_q4_0(checkpoint, tmp_path):

@@ -3,7 +3,8 @@ runs on the demo model checked against the index schema and the artifacts on dis
 
 The run tests call the real CLI in a child process (the way CI does): cells build with the real
 backends (llama.cpp for q4_0 on host, the reference backend for ort4), fail a real parity gate,
-and skip a backend that is not implemented here (tvm for android's ort4).
+and skip a backend that is not installed (tvm for android's ort4, hidden from the process the way
+a machine without apache-tvm sees it: `sys.modules["tvm"] = None` makes find_spec return None).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def test_thresholds_apply_per_cell():
 
 # ---------------------------------------------------------------------------- preflight
 
-def test_preflight_skips_refuses_and_guards_the_output(tmp_path):
+def test_preflight_skips_refuses_and_guards_the_output(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tvm", None)  # apache-tvm not installed
     [tvm] = select_cells("android", "ort4")
     skipped = decide(tvm, "demo", tmp_path / tvm.name)
     assert skipped.status == "skipped" and "tvm" in skipped.reason and skipped.hint
@@ -189,8 +191,13 @@ def test_summary_without_matplotlib_says_so(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- real runs
 
-def matrix(cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "arkinfer.cli.main", "matrix", *args],
+def matrix(cwd: Path, *args: str, timeout: float = 900,
+           hide: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`arkinfer matrix ARGS` in a fresh process; `hide`: packages that process cannot import
+    (as on a machine without them)."""
+    start = ("import sys; sys.modules.update(dict.fromkeys(sys.argv.pop(1).split(','))); "
+             "from arkinfer.cli.main import main; sys.argv[0] = 'arkinfer'; main()")
+    return subprocess.run([sys.executable, "-c", start, ",".join(hide) or "-", "matrix", *args],
                           cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -222,29 +229,32 @@ def check_index_against_disk(folder: Path) -> dict:
 
 
 def test_matrix_run_builds_skips_fails_and_resumes(tmp_path):
-    """Four cells at -j 2: host.q4_0 builds (llama.cpp), host.ort4 fails a parity gate it cannot
-    meet, android.ort4 is skipped (tvm is not implemented here), android.q4_0 fails before any
-    work because a user's folder is where its artifact would go (and the folder is untouched).
+    """Six cells at -j 2: host.q4_0 builds (llama.cpp), host.ort4 fails a parity gate it cannot
+    meet, both android cells are skipped (their backend, tvm, is hidden: not installed), rpi5.ort4
+    is refused (rpi5 runs llama.cpp only), rpi5.q4_0 fails before any work because a user's folder
+    is where its artifact would go (and the folder is untouched).
     A second run finds host.q4_0 current in seconds."""
-    users = tmp_path / "dist" / "demo" / "android-sd8gen3.q4_0"
+    users = tmp_path / "dist" / "demo" / "rpi5-8gb.q4_0"
     users.mkdir(parents=True)
     (users / "notes.txt").write_text("mine")
     (tmp_path / "dist" / "demo" / "index.json").write_text(json.dumps(
         ix.new_index("demo", Path("x"), ())))  # so the folder is ArkInfer's matrix folder
-    run = matrix(tmp_path, "demo", "--targets", "host,android", "--quant", "q4_0,ort4",
-                 "-j", "2", "--bench-args", FAST_BENCH, "--threshold", "host.ort4:top1=1")
+    run = matrix(tmp_path, "demo", "--targets", "host,android,rpi5", "--quant", "q4_0,ort4",
+                 "-j", "2", "--bench-args", FAST_BENCH, "--threshold", "host.ort4:top1=1",
+                 hide=("tvm",))
     assert run.returncode == 1, run.stderr
-    assert "2 of 4 cells failed: android-sd8gen3.q4_0, host.ort4" in run.stderr
+    assert "2 of 6 cells failed: host.ort4, rpi5-8gb.q4_0" in run.stderr, run.stderr
     folder = tmp_path / "dist" / "demo"
     index = check_index_against_disk(folder)
     by = {e["name"]: e for e in index["cells"]}
     assert {n: e["status"] for n, e in by.items()} == {
         "host.q4_0": "built", "host.ort4": "failed", "android-sd8gen3.ort4": "skipped",
-        "android-sd8gen3.q4_0": "failed"}
+        "android-sd8gen3.q4_0": "skipped", "rpi5-8gb.ort4": "refused",
+        "rpi5-8gb.q4_0": "failed"}
     assert "top1_agreement" in by["host.ort4"]["reason"] and not (folder / "host.ort4").exists()
     assert by["host.ort4"]["backend"] == "reference"
     assert "tvm" in by["android-sd8gen3.ort4"]["reason"] and by["android-sd8gen3.ort4"]["hint"]
-    assert "not an ArkInfer artifact" in by["android-sd8gen3.q4_0"]["reason"]
+    assert "not an ArkInfer artifact" in by["rpi5-8gb.q4_0"]["reason"]
     assert (users / "notes.txt").read_text() == "mine"
     summary = (folder / "summary.md").read_text()
     assert "top1_agreement" in summary and "| `host.q4_0` | ✅ built | gguf |" in summary

@@ -107,7 +107,7 @@ def test_killed_build_leaves_no_artifact(tmp_path, sig):
     (["--target", "no-such-board"], "unknown target 'no-such-board'"),
     (["--quant", "q5_k"], "unknown --quant 'q5_k'"),
     (["--target", "rpi5", "--quant", "marlin"], "quant format 'marlin' is not allowed"),
-    (["--target", "android", "--backend", "tvm", "--quant", "ort4"], "backend 'tvm'"),
+    (["--target", "android", "--backend", "tvm", "--quant", "marlin"], "backend 'tvm'"),
 ])
 def test_bad_requests_fail_before_any_work(tmp_path, args, expect):
     t0 = time.time()

@@ -1,0 +1,234 @@
+"""`LlamaCppRunner` in a child process bound to another libllama: the InfLLM v2 build of llama.cpp.
+
+llama-cpp-python loads its shared library once, when `llama_cpp` is first imported (it reads
+LLAMA_CPP_LIB_PATH at that moment), and a process cannot hold two copies of llama.cpp's symbols
+side by side. The patched library (`llamacpp_build.py`) therefore runs in a child Python process
+started with LLAMA_CPP_LIB_PATH=<cache>/llamacpp/<version>/lib; the parent keeps the wheel's own
+library for dense GGUF files and never has to import llama_cpp first or last.
+
+    runner = SubprocessLlamaCppRunner("model.gguf", lib_dir, n_ctx=4096, kv_type="f32")
+    logits = runner.window_logits(ids)           # same Runner protocol as LlamaCppRunner
+    runner.close()
+
+Protocol: the parent writes pickled `(method, args, kwargs)` to the child's stdin; the child
+answers one pickled `("ok", result)` or `("err", (class name, message, hint))` on a duplicate of its
+stdout, whose fd 1 is pointed at stderr so nothing llama.cpp prints can corrupt the stream. Logits
+cross as float32 tensors (one [V] row per decode step: 4 * V bytes, ~0.3 MB for MiniCPM4.1).
+
+Debug path (`debug_blocks=True`): the child's llama.cpp context gets a graph callback (ggml's
+`cb_eval`, as llama.cpp's eval-callback tool uses) that copies the tensors the patched graph names
+`infllm_idx-<layer>` (the blocks it selected, I32 [K, T, HKV]) and `infllm_chunk_sum-<layer>` (the
+rows it writes into its compression cache, F32 [1, E, T]). `selected_blocks()` returns the blocks of
+the last evaluation per layer as int64 [HKV, T, K] (K sorted ascending), `graph_tensors()` all of
+them as numpy arrays in ggml's order reversed ([ne3, ne2, ne1, ne0]).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from arkinfer import errors
+from arkinfer.backend import RunnerBase
+from arkinfer.errors import ArkError
+
+
+class SubprocessLlamaCppRunner(RunnerBase):
+    """The Runner protocol over a LlamaCppRunner living in a child process with `lib_dir`'s
+    libllama. Sparse models run InfLLM v2 there (flash attention on: the sparse path needs it)."""
+
+    fixed_attention = None  # attention as the model's sparse_config says (InfLLM v2 past dense_len)
+
+    def __init__(self, gguf_path: str | Path, lib_dir: str | Path, n_ctx: int = 512,
+                 n_threads: int | None = None, kv_type: str = "f16", all_logits: bool = True,
+                 debug_blocks: bool = False) -> None:
+        env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib_dir))
+        self.path = Path(gguf_path)
+        self.n_ctx = n_ctx
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, env=env)
+        self.load(gguf_path, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type,
+                  all_logits=all_logits, debug_blocks=debug_blocks)
+
+    def load(self, gguf_path: str | Path, n_ctx: int = 512, n_threads: int | None = None,
+             kv_type: str = "f16", all_logits: bool = True, debug_blocks: bool = False,
+             n_batch: int | None = None) -> None:
+        """Replace the model in the same child process (no new process, no re-import)."""
+        self.path, self.n_ctx = Path(gguf_path), n_ctx
+        self.vocab_size = self._call("load", str(gguf_path), n_ctx=n_ctx, n_threads=n_threads,
+                                     kv_type=kv_type, all_logits=all_logits, flash_attn=True,
+                                     debug_blocks=debug_blocks, n_batch=n_batch)
+
+    def _call(self, name: str, *args, **kwargs):
+        if self._proc is None or self._proc.poll() is not None:
+            raise ArkError(f"the llama.cpp child process for {self.path.name} is not running",
+                           hint="create the runner again")
+        try:
+            pickle.dump((name, args, kwargs), self._proc.stdin)
+            self._proc.stdin.flush()
+            status, payload = pickle.load(self._proc.stdout)
+        except (EOFError, BrokenPipeError, pickle.UnpicklingError):
+            code = self._proc.wait()
+            raise ArkError(f"the llama.cpp child process for {self.path.name} died during "
+                           f"{name}() (exit status {code})",
+                           hint="run it again with the dense runner, or rebuild the patched "
+                                "library: arkinfer doctor --build-llamacpp") from None
+        if status == "err":
+            cls_name, message, hint = payload
+            cls = getattr(errors, cls_name, ArkError)
+            raise cls(message, hint=hint)
+        return payload
+
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+        return self._call("tokenize", text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self._call("detokenize", list(ids))
+
+    def window_logits(self, window: list[int]) -> torch.Tensor:
+        return self._call("window_logits", list(window))
+
+    def reset(self) -> None:
+        self._call("reset")
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        return self._call("prefill", list(ids))
+
+    def decode(self, token: int) -> torch.Tensor:
+        return self._call("decode", int(token))
+
+    def chunk_logits(self, ids: list[int]) -> torch.Tensor:
+        return self._call("chunk_logits", list(ids))
+
+    def selected_blocks(self) -> dict[int, list[torch.Tensor]]:
+        """{layer: [idx int64 [HKV, T, K] per ubatch of the last evaluation]} (debug_blocks=True)."""
+        tensors = self._call("graph_tensors")
+        out: dict[int, list[torch.Tensor]] = {}
+        for name, arrays in tensors.items():
+            if name.startswith("infllm_idx-"):
+                out[int(name.rsplit("-", 1)[1])] = [
+                    torch.from_numpy(a.reshape(a.shape[-3:]).astype("int64")).sort(-1).values
+                    for a in arrays]
+        return out
+
+    def graph_tensors(self) -> dict:
+        """{tensor name: [numpy array per ubatch of the last evaluation]} (debug_blocks=True)."""
+        return self._call("graph_tensors")
+
+    def close(self) -> None:
+        proc, self._proc = getattr(self, "_proc", None), None
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class _GraphCapture:
+    """cb_eval callback copying the tensors named CAPTURED-<layer> as they are computed."""
+
+    CAPTURED = ("infllm_idx", "infllm_chunk_sum")
+
+    def __init__(self, lib_dir: Path) -> None:
+        import ctypes
+
+        import llama_cpp
+
+        base = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
+        base.ggml_get_name.restype = ctypes.c_char_p
+        base.ggml_get_name.argtypes = [ctypes.c_void_p]
+        base.ggml_get_data.restype = ctypes.c_void_p
+        base.ggml_get_data.argtypes = [ctypes.c_void_p]
+        self.tensors: dict[str, list] = {}
+
+        def callback(tensor, ask, _user):
+            import numpy as np
+
+            name = base.ggml_get_name(tensor).decode()
+            prefix, _, layer = name.rpartition("-")
+            want = prefix in self.CAPTURED and layer.isdigit()
+            if ask or not want:
+                return want if ask else True
+            # struct ggml_tensor: enum ggml_type (int32, padded to 8), buffer pointer, int64_t ne[4]
+            type_id = ctypes.c_int32.from_address(tensor).value
+            ne = list((ctypes.c_int64 * 4).from_address(tensor + 16))
+            dtype = {0: np.float32, 26: np.int32}[type_id]   # GGML_TYPE_F32, GGML_TYPE_I32
+            count = ne[0] * ne[1] * ne[2] * ne[3]
+            raw = (ctypes.c_char * (count * 4)).from_address(base.ggml_get_data(tensor))
+            array = np.frombuffer(bytes(raw), dtype=dtype).reshape(ne[::-1])
+            self.tensors.setdefault(name, []).append(array)
+            return True
+
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(callback)
+
+    def clear(self) -> None:
+        self.tensors = {}
+
+
+def _with_capture(runner, lib_dir: Path) -> _GraphCapture:
+    """Give runner.llm a new llama.cpp context whose graph callback is a _GraphCapture."""
+    import contextlib
+
+    from llama_cpp import _internals
+
+    capture = _GraphCapture(lib_dir)
+    llm = runner.llm
+    llm.context_params.cb_eval = capture.callback
+    llm._ctx = llm._stack.enter_context(contextlib.closing(
+        _internals.LlamaContext(model=llm._model, params=llm.context_params, verbose=False)))
+    llm.reset()
+    return capture
+
+
+def _serve() -> None:
+    """Child process: answer pickled calls on stdin until it closes."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)   # whatever llama.cpp writes to stdout goes to stderr
+    from arkinfer.backends.gguf.runner import LlamaCppRunner
+
+    runner, capture = None, None
+    inp = sys.stdin.buffer
+    while True:
+        try:
+            name, args, kwargs = pickle.load(inp)
+        except EOFError:
+            return
+        try:
+            if name == "load":
+                debug = kwargs.pop("debug_blocks")
+                runner = capture = None   # free the previous model first
+                runner = LlamaCppRunner(*args, **kwargs)
+                if debug:
+                    capture = _with_capture(runner, Path(os.environ["LLAMA_CPP_LIB_PATH"]))
+                result = runner.vocab_size
+            elif name == "graph_tensors":
+                if capture is None:
+                    raise ArkError("graph tensors need a runner created with debug_blocks=True",
+                                   hint="create SubprocessLlamaCppRunner(..., debug_blocks=True)")
+                result = capture.tensors
+            else:
+                if capture is not None and name in ("window_logits", "prefill", "decode",
+                                                    "chunk_logits"):
+                    capture.clear()
+                result = getattr(runner, name)(*args, **kwargs)
+            reply = ("ok", result)
+        except ArkError as e:
+            reply = ("err", (type(e).__name__, e.message, e.hint))
+        except Exception as e:  # noqa: BLE001 - everything else crosses as one ArkError
+            reply = ("err", ("ArkError", f"llama.cpp child: {type(e).__name__}: {e}", None))
+        pickle.dump(reply, out)
+        out.flush()
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,1 @@
+"""The tvm backend: ArkInfer IR -> Relax/TIR -> OpenCL (Android) + llvm (host). See README.md."""

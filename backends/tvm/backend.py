@@ -1,0 +1,66 @@
+"""The tvm backend (Android GPUs through OpenCL): ArkInfer's IR lowered to one Relax/TIR module,
+compiled for this machine (llvm: the Runner) and for the phone (OpenCL on Adreno / Mali with an
+aarch64 Android host). Files, layout and what is verified where: README.md.
+
+    BACKEND.preflight(raw_config, recipe, target, dtype) -> notes (TargetError when impossible)
+    BACKEND.lower(LowerRequest)                          -> LowerResult (artifact.py)
+    BACKEND.load(artifact_dir, manifest)                 -> TVMRunner (runner.py)
+    BACKEND.reference_weights(artifact_dir)              -> the artifact's weights as a float
+                                                            HF folder (reference.py)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from arkinfer.backend import BackendBase, LowerRequest, LowerResult
+
+
+class TVMBackend(BackendBase):
+    name = "tvm"
+    # RoPE as a position-indexed cos|sin table (a gather per call, like MLC-LLM); q/k/v and
+    # gate/up stay separate linears: the quantised checkpoint stores them separately.
+    ir_passes = ("fold_rope_tables", "dce")
+
+    def available(self) -> bool:
+        return importlib.util.find_spec("tvm") is not None
+
+    def install_hint(self) -> str:
+        return "pip install 'arkinfer[tvm]'  (apache-tvm)"
+
+    def preflight(self, raw_config: dict, recipe: Any, target: Any,
+                  dtype: str = "f32") -> list[str]:
+        """Raise TargetError when the module cannot be built (recipe, group sizes, an IR op
+        without a TVM lowering); else notes. Reads config.json only."""
+        from .preflight import preflight
+
+        return preflight(raw_config, recipe, target, dtype, self.ir_passes)
+
+    def lower(self, request: LowerRequest) -> LowerResult:
+        from .artifact import lower
+
+        return lower(request, self.ir_passes)
+
+    def load(self, artifact_dir: str | Path, manifest: dict | None = None, *,
+             bench: bool = False):
+        from .runner import TVMRunner
+
+        return TVMRunner(artifact_dir)
+
+    def reference_weights(self, artifact_dir: str | Path) -> Path:
+        from .reference import reference_folder
+
+        return reference_folder(artifact_dir)
+
+    def bench_remote(self, artifact_dir: str | Path, manifest: dict, address: str,
+                     key: str | None, spec: Any, progress=None) -> list[dict]:
+        """`bench --rpc`: the artifact timed on a TVM RPC server (or a tracker's device for
+        `key`) with TVM's time_evaluator; see rpc_bench.py."""
+        from .rpc_bench import connect, rpc_bench
+
+        return rpc_bench(artifact_dir, manifest, connect(address, key), spec, progress=progress)
+
+
+BACKEND = TVMBackend()

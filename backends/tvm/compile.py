@@ -1,0 +1,158 @@
+"""Two compilations of one Relax module: the host build (llvm, this machine: the Runner's verify,
+eval and bench) and the device builds (OpenCL with an aarch64 Android host: Adreno, Mali).
+
+    b = build(program, params)                  # params: weights.program_params(...)[0]
+    b.host_exec                                 # relax VMExecutable for tvm.cpu()
+    b.device_exec["adreno"]                     # VMExecutable: OpenCL kernels + aarch64 host code
+    b.device_mod_scheduled["adreno"]            # IRModule after the GPU default pipeline's
+                                                #   legalize + dlight schedules, before codegen
+    b.opencl_source("adreno")                   # the generated OpenCL C (one `// Function:` each)
+
+GPU schedules are TVM's own: `relax.get_default_pipeline(target)` applies dlight's default
+rules (Adreno: Reduction, GeneralReduction, Fallback; other OpenCL devices: gpu_generic's Matmul,
+GEMV, Reduction, GeneralReduction, Fallback); nothing here binds a loop by hand. The pipeline
+is run in two halves (dispatch + legalize + schedule, then lowering + finalisation) so the
+scheduled module is exactly what codegen compiles. The host build uses the CPU default pipeline
+plus dlight with cpu_schedule.py's rules (rfactored, vectorised, parallel linears; dlight's CPU
+Reduction rule; parallel outer loops), for this CPU and its core count.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.target import Target
+
+from arkinfer.errors import ArkError
+
+from .lower_relax import Signature, lower_program
+
+ANDROID_HOST: dict[str, Any] = {"kind": "llvm", "mtriple": "aarch64-linux-android"}
+# OpenCL GPUs of Android phones; the key is the artifact's device/<variant>.tar name.
+DEVICE_VARIANTS: dict[str, dict[str, Any]] = {
+    "adreno": {"kind": "opencl", "device": "adreno"},
+    "mali": {"kind": "opencl", "device": "mali"},
+}
+
+
+def parse_target(text: str) -> dict[str, Any]:
+    """A target dict from the legacy string form the profiles carry ("opencl -device=adreno",
+    "llvm -mtriple=aarch64-linux-android"): TVM 0.27 accepts dicts and tags, not those."""
+    kind, *opts = text.split()
+    out: dict[str, Any] = {"kind": kind}
+    for opt in opts:
+        m = re.fullmatch(r"-{1,2}([\w-]+)=(\S+)", opt)
+        if m is None:
+            raise ArkError(f"target option {opt!r} of {text!r} is not -key=value",
+                           hint="write TVM targets as 'kind -key=value ...' in the profile")
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def device_target(variant: str, host: dict[str, Any] | None = None) -> Target:
+    if variant not in DEVICE_VARIANTS:
+        raise ArkError(f"unknown tvm device variant {variant!r}; known: {sorted(DEVICE_VARIANTS)}",
+                       hint="pass --option devices=adreno,mali (a subset)")
+    return Target(DEVICE_VARIANTS[variant], host=host or ANDROID_HOST)
+
+
+def host_target() -> Target:
+    """llvm for this machine's CPU (its features enable LLVM's vectoriser) and its core count
+    (the parallel loops of cpu_schedule.py)."""
+    cpu = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName", allow_missing=True)
+    spec: dict[str, Any] = {"kind": "llvm", "num-cores": os.cpu_count() or 1}
+    if cpu is not None:
+        spec["mcpu"] = cpu()
+    return Target(spec)
+
+
+def _default_pipeline_module(target: Target):
+    """The module whose `get_default_pipeline` `relax.get_default_pipeline(target)` returns (the
+    same dispatch; read directly because 0.27's `relax.pipeline.dataflow_lower_passes` fails for
+    llvm: cpu_generic's package does not re-export it)."""
+    import importlib
+
+    if target.kind.name == "llvm":
+        return importlib.import_module("tvm.relax.backend.cpu_generic.pipeline")
+    if target.kind.name == "opencl" and "adreno" in target.keys:
+        return importlib.import_module("tvm.relax.backend.adreno.pipeline")
+    return importlib.import_module("tvm.relax.backend.gpu_generic.pipeline")
+
+
+def schedule(mod: tvm.IRModule, target: Target, cpu_rules: bool = True) -> tvm.IRModule:
+    """First half of `relax.get_default_pipeline(target)`: library dispatch, legalisation, fusion
+    and (on GPUs) dlight's default schedules; on llvm, then dlight with cpu_schedule's rules
+    (`cpu_rules=False`: the plain loops of the CPU default pipeline). Returns Relax + scheduled
+    TIR PrimFuncs."""
+    from tvm.s_tir import dlight
+
+    from .cpu_schedule import host_rules
+
+    pipeline = _default_pipeline_module(target)
+    with target, tvm.transform.PassContext(opt_level=3):
+        passes = pipeline.library_dispatch_passes(target) + pipeline.legalize_passes(target)
+        if target.kind.name == "llvm" and cpu_rules:
+            passes.append(dlight.ApplyDefaultSchedule(*host_rules()))
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def finish(scheduled: tvm.IRModule, target: Target) -> relax.VMExecutable:
+    """Second half of the default pipeline (dataflow lowering, memory planning, VM lowering),
+    then TIR lowering and codegen."""
+    pipeline = _default_pipeline_module(target)
+    rest = tvm.transform.Sequential(pipeline.dataflow_lower_passes(target)
+                                    + pipeline.finalize_passes(target))
+    return tvm.compile(scheduled, target=target, relax_pipeline=rest)
+
+
+@dataclass
+class Build:
+    """Everything one compilation produced (see the module doc)."""
+
+    module: tvm.IRModule
+    signature: Signature
+    params: dict[str, np.ndarray]
+    host_exec: relax.VMExecutable | None = None
+    host_target: Target | None = None
+    device_exec: dict[str, relax.VMExecutable] = field(default_factory=dict)
+    device_mod_scheduled: dict[str, tvm.IRModule] = field(default_factory=dict)
+    device_targets: dict[str, Target] = field(default_factory=dict)
+
+    def opencl_source(self, variant: str) -> str:
+        """The OpenCL C of a device build (the executable's imported device module)."""
+        return opencl_source(self.device_exec[variant])
+
+
+def opencl_source(executable: relax.VMExecutable) -> str:
+    """OpenCL C of every kernel of a device executable ('' when it has none)."""
+    todo, out = list(executable.mod.imports), []
+    while todo:
+        m = todo.pop(0)
+        if m.kind == "opencl":
+            out.append(m.inspect_source("cl"))
+        todo.extend(m.imports)
+    return "\n".join(out)
+
+
+def build(program: Any, params: dict[str, np.ndarray], *, host: bool = True,
+          devices: tuple[str, ...] = ("adreno", "mali"),
+          device_host: dict[str, Any] | None = None) -> Build:
+    """Lower `program` once, compile it for this machine and for each device variant."""
+    mod, sig = lower_program(program, params)
+    out = Build(mod, sig, params)
+    if host:
+        out.host_target = host_target()
+        out.host_exec = finish(schedule(mod, out.host_target), out.host_target)
+    for variant in devices:
+        target = device_target(variant, device_host)
+        scheduled = schedule(mod, target)
+        out.device_targets[variant] = target
+        out.device_mod_scheduled[variant] = scheduled
+        out.device_exec[variant] = finish(scheduled, target)
+    return out

@@ -1,0 +1,77 @@
+"""The weights ArkInfer's reference model runs to reproduce a TVM artifact exactly.
+
+    folder = reference_folder(artifact_dir)     # <cache>/tvm-reference/<key>/
+
+Written once from the artifact's own params.safetensors: q4 linears dequantised by
+`weights.dequantize_q4` (the numpy reference of the kernel's formula), float tensors as they
+are, as a float32 Hugging Face folder (config.json without quantization_config, tokenizer files).
+verify then compares the host module with the reference model on the same weights, which
+separates lowering / runtime error from quantisation error. The key hashes the artifact's
+params and config, so an artifact rebuilt in place gets a new folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from arkinfer.frontend.cache import cache_dir_path, content_key, locked
+from arkinfer.frontend.checkpoint import read_config
+from arkinfer.frontend.shard_writer import TensorSpec, finish_float_folder, write_shards
+
+from .weights import CODES, SCALES, ZEROS
+
+DONE_FILE = "arkinfer_tvm_reference.json"
+REFERENCE_VERSION = "1"
+MAX_SHARD_BYTES = 2 << 30
+
+
+def reference_folder(artifact_dir: str | Path) -> Path:
+    from safetensors import safe_open
+
+    from .runner import read_module_info
+
+    artifact = Path(artifact_dir)
+    info = read_module_info(artifact)
+    params = artifact / info["params_file"]
+    digest = hashlib.sha256(REFERENCE_VERSION.encode())
+    for f in (artifact / "config.json", params):
+        digest.update(f"{f.name}:{content_key(f)};".encode())
+    out = cache_dir_path() / "tvm-reference" / digest.hexdigest()[:16]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with locked(out.parent, f"tvm-reference-{out.name}"):
+        if (out / DONE_FILE).is_file():
+            return out
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        with safe_open(str(params), "numpy") as f:
+            names = list(f.keys())
+            specs, packed = [], {}
+            for name in names:
+                owner, _, key = name.rpartition(".")
+                if name.startswith("rope.") or key in (SCALES, ZEROS):
+                    continue  # computed from the config / read with their codes
+                if key == CODES:
+                    shape = f.get_slice(name).get_shape()
+                    packed[f"{owner}.weight"] = owner
+                    specs.append(TensorSpec(f"{owner}.weight", (shape[0], shape[1] * 8)))
+                else:
+                    specs.append(TensorSpec(name, tuple(f.get_slice(name).get_shape())))
+
+            def produce(spec: TensorSpec) -> np.ndarray:
+                if spec.name not in packed:
+                    return f.get_tensor(spec.name).astype(np.float32)
+                from .weights import dequantize_q4
+
+                owner = packed[spec.name]
+                tensors = {k: f.get_tensor(f"{owner}.{k}") for k in (CODES, SCALES, ZEROS)
+                           if f"{owner}.{k}" in names}
+                return dequantize_q4(tensors, spec.shape[1])
+
+            write_shards(out, specs, produce, "f32", MAX_SHARD_BYTES)
+        finish_float_folder(out, artifact, read_config(artifact), ("quantization_config",),
+                            DONE_FILE, REFERENCE_VERSION)
+    return out

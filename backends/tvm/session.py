@@ -1,0 +1,88 @@
+"""Drive a compiled module: a KV cache held on a TVM device, and prefill / decode steps.
+
+    s = TVMSession(executable, tvm.cpu(), params, signature)   # or an RPC session's device
+    s.reset()
+    logits = s.prefill([1, 5, 9])        # numpy float32 [V]: the last token's logits
+    logits = s.decode(42)                # [V]
+    rows = s.window([1, 5, 9])           # [T, V] from an empty cache
+
+`executable`: a relax VMExecutable (`compile.build(...).host_exec`) or a loaded runtime module
+(`tvm.runtime.load_module(host.so)`, or an RPC session's uploaded module). `params`: name ->
+numpy array (or tvm tensors) for every name of `signature.params` (compile.Build.params, or the
+artifact's params.safetensors). The cache is functional like the IR's: each call returns the
+grown cache, which the session keeps on the device (no host round trip).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from arkinfer.errors import ArkError
+
+from .lower_relax import Signature
+
+
+class TVMSession:
+    def __init__(self, executable_or_module: Any, device: Any, params: Mapping[str, Any],
+                 signature: Signature) -> None:
+        self.vm = relax.VirtualMachine(executable_or_module, device)
+        self.device, self.sig = device, signature
+        missing = [p for p in signature.params if p not in params]
+        if missing:
+            raise ArkError(f"params lack {len(missing)} tensor(s) the module takes, e.g. "
+                           f"{missing[0]!r}", hint="load params.safetensors of the same artifact")
+        self.params = [params[p] if isinstance(params[p], tvm.runtime.Tensor)
+                       else tvm.runtime.tensor(np.ascontiguousarray(params[p]), device)
+                       for p in signature.params]
+        self.vocab_size = signature.vocab_size
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        c = self.sig.cache
+        empty = np.zeros((1, c["kv_heads"], 0, c["head_dim"]), np.float32)
+        self.cache = [tvm.runtime.tensor(empty, self.device) for _ in range(2 * c["layers"])]
+        self.length = 0
+
+    def _check(self, ids: Sequence[int]) -> None:
+        if not ids:
+            raise ArkError("no tokens to run", hint="pass at least one token id")
+        bad = [i for i in ids if not 0 <= int(i) < self.vocab_size]
+        if bad:
+            raise ArkError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                           hint="tokenize with the artifact's own tokenizer")
+        total, c = self.length + len(ids), self.sig.cache
+        if total > c["max_len"]:
+            raise ArkError(f"{total} tokens exceed the model's {c['max_len']} positions",
+                           hint="reset() the session or use a shorter prompt")
+
+    def step(self, ids: Sequence[int]) -> np.ndarray:
+        """Append `ids` to the cache; float32 logits [len(ids), V]."""
+        self._check(ids)
+        entry = "decode" if len(ids) == 1 and "decode" in self.sig.entries else "prefill"
+        tokens = tvm.runtime.tensor(np.asarray([ids], np.int64), self.device)
+        positions = tvm.runtime.tensor(np.arange(self.length, self.length + len(ids),
+                                                 dtype=np.int64), self.device)
+        # stateful call: its outputs are fetched one by one, which also works over TVM RPC (a
+        # remote tuple result is an opaque handle without len())
+        self.vm.set_input(entry, tokens, positions, *self.cache, *self.params)
+        self.vm.invoke_stateful(entry)
+        out = self.vm.get_outputs(entry)
+        self.cache = list(out[1:])
+        self.length += len(ids)
+        return out[0].numpy()[0]
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        return self.step(list(ids))[-1]
+
+    def decode(self, token_id: int) -> np.ndarray:
+        return self.step([int(token_id)])[-1]
+
+    def window(self, ids: Sequence[int]) -> np.ndarray:
+        self.reset()
+        return self.step(list(ids))
