@@ -1,6 +1,7 @@
 """Collects the implementations under test: every tests/conformance/impls/*.py that defines
 `IMPL` (an `infllmv2_checks.Infllmv2Impl`), or `IMPLS` for several variants. Adding a backend is one such file; a file whose
 import fails (toolchain missing) is reported as skipped with the reason, never silently dropped.
+A file that sets `HEAVY = True` has its checks marked heavy (run by `make test-all`, not by CI).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def _discover() -> list:
         impls = getattr(module, "IMPLS", None) or [getattr(module, "IMPL", None)]
         if impls[0] is None:
             raise RuntimeError(f"{path} defines no IMPL (an infllmv2_checks.Infllmv2Impl)")
-        params.extend(pytest.param(impl, id=impl.name) for impl in impls)
+        # HEAVY = True: the implementation's checks run in `make test-all` / `-m heavy` only
+        marks = [pytest.mark.heavy] if getattr(module, "HEAVY", False) else []
+        params.extend(pytest.param(impl, id=impl.name, marks=marks) for impl in impls)
     return params
 
 

@@ -14,6 +14,12 @@ them), compiled for llvm and run through TVM's Relax VM.
   switch is decided once for the whole call. No torch-visible allocations, no stage-2-only entry.
 """
 
+
+# Heavy (make test-all; `pytest tests/conformance -k tvm -m heavy`): every check compiles TVM modules and runs stage 2 masked-dense (O(T*S)), ~10 min;
+# one pytest process running every implementation's checks outgrew this machine's 24 GB.
+# CI runs the backend's own InfLLM v2 tests instead (tests/backends/tvm/test_tvm_infllmv2.py).
+HEAVY = True
+
 import numpy as np
 import torch
 from infllmv2_checks import Infllmv2Impl
