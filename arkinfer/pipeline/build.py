@@ -140,7 +140,9 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
          if program is not None else f"skipped: {plan.backend} lowers from the weights")
     # ---------------------------------------------------------------- quantise
     timed("quantise")
-    in_lower = plan.recipe is not None and backend.quantizes_in_lower(plan.recipe, plan.options)
+    # --report needs ArkInfer's own quantise stage (it measures the SNR on calibration data)
+    in_lower = (plan.recipe is not None and not plan.calib.needed(plan.recipe)
+                and backend.quantizes_in_lower(plan.recipe, plan.options))
     if in_lower:  # the runtime's own quantiser rounds the float source while lowering
         quant_record, model_dir = _quantised_in_lower(plan), plan.source
     else:
