@@ -30,6 +30,7 @@ from importlib import metadata
 from pathlib import Path
 
 from machine import machine_info
+from runner_timers import runner_timers
 
 N_PROMPT, N_GEN = 512, 128
 
@@ -49,21 +50,8 @@ def ours(folder: Path, tokens: list[int]):
 
     runner = load_runner(folder, {}, bench=True)
 
-    def pp(n: int = N_PROMPT) -> float:
-        runner.reset()
-        t0 = time.perf_counter()
-        runner.prefill(tokens[:n])
-        return time.perf_counter() - t0
-
-    def tg(n: int = N_GEN) -> float:
-        runner.reset()
-        runner.prefill(tokens[:1])
-        t0 = time.perf_counter()
-        for tok in tokens[1:1 + n]:
-            runner.decode(tok)
-        return time.perf_counter() - t0
-
-    return pp, tg
+    pp, tg = runner_timers(runner, tokens)
+    return (lambda n=N_PROMPT: pp(n)), (lambda n=N_GEN: tg(n))
 
 
 def mlx_lm(folder: Path, tokens: list[int]):

@@ -24,11 +24,11 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from importlib import metadata
 from pathlib import Path
 
 from machine import machine_info
+from runner_timers import runner_timers
 
 
 def build_tvm_artifact(work: Path) -> Path:
@@ -47,21 +47,8 @@ def tvm_times(artifact: Path, tokens: list[int], n_prompt: int, n_gen: int):
 
     runner = get_backend("tvm").load(artifact)
 
-    def pp() -> float:
-        runner.reset()
-        t0 = time.perf_counter()
-        runner.prefill(tokens[:n_prompt])
-        return time.perf_counter() - t0
-
-    def tg() -> float:
-        runner.reset()
-        runner.prefill(tokens[:1])
-        t0 = time.perf_counter()
-        for tok in tokens[1:1 + n_gen]:
-            runner.decode(tok)
-        return time.perf_counter() - t0
-
-    return pp, tg
+    pp, tg = runner_timers(runner, tokens)
+    return lambda: pp(n_prompt), lambda: tg(n_gen)
 
 
 def main() -> None:
