@@ -93,7 +93,9 @@ class GGUFBackend(BackendBase):
         # decode too: llama-cpp-python's own default is half the cores for single-token steps.
         n_threads = n_threads or torch.get_num_threads()
         path = Path(artifact_dir) / GGUF_FILE
-        lib = patched_library_dir() if has_sparse_config(path) else None
+        # the cheap check first: the GGUF's keys are read only when a patched build exists
+        lib = patched_library_dir()
+        lib = lib if lib is not None and has_sparse_config(path) else None
         if lib is not None:
             # InfLLM v2: the patched libllama, in a child process (subprocess_runner.py)
             from .subprocess_runner import SubprocessLlamaCppRunner
