@@ -13,7 +13,8 @@ timing of benchmarks/bench_vs_llamacpp.py (llama-cpp-python), with torch's threa
 
 Definitions (llama-bench's, as `arkinfer bench`): pp = one prefill of N tokens from an empty
 cache until the last position's logits are back; tg = N single-token steps after a one-token
-prompt. TVM threads: TVM_NUM_THREADS if set, else TVM's pool (one per core); the host build's
+prompt. TVM threads: TVM_NUM_THREADS if set, else torch's thread count (the Runner sets it:
+backends/tvm/runner.py use_torch_threads), the same count llama.cpp gets; the host build's
 schedules are recorded from tvm_module.json.
 """
 
@@ -112,7 +113,7 @@ def main() -> None:
         print(f"| {r['test']} | {r['arkinfer_tvm_ts']:.2f} ± {r['arkinfer_tvm_stddev']:.2f} | "
               f"{cpp} | {ratio} |")
     print(f"load average before {load_before}, after {load_after}; threads: llama.cpp "
-          f"{threads}, TVM {os.environ.get('TVM_NUM_THREADS', 'pool default')}")
+          f"{threads}, TVM {os.environ.get('TVM_NUM_THREADS')}")
     if args.json:
         versions = {"apache-tvm": metadata.version("apache-tvm")}
         if not args.no_llamacpp:
@@ -122,7 +123,7 @@ def main() -> None:
             "machine": machine_info(threads=threads, **versions),
             "load_average_before": load_before, "load_average_after": load_after,
             "threads": {"llama_cpp": threads,
-                        "tvm": os.environ.get("TVM_NUM_THREADS", "TVM pool default"),
+                        "tvm": os.environ.get("TVM_NUM_THREADS"),
                         "cpu_count": os.cpu_count()},
             "host_target": info["host"]["target"], "schedules": info.get("schedules", {}),
             "artifact": str(args.artifact) if args.artifact else

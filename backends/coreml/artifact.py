@@ -93,8 +93,17 @@ def convert_function(program, src: SourceWeights, entry: str, context: int, comp
     model = ct.convert(prog, convert_to="mlprogram", inputs=inputs,
                        minimum_deployment_target=ct.target.iOS18,
                        compute_precision=ct.precision.FLOAT32, skip_model_load=True)
-    model.save(str(out))
+    _save_and_drop_temp(model, out)
     return layers
+
+
+def _save_and_drop_temp(model, out: Path) -> None:
+    """Save `model` at `out`, then delete the temporary .mlpackage coremltools made for it (it
+    would otherwise stay in /tmp until the interpreter exits, or for ever if it is killed)."""
+    model.save(str(out))
+    temp = getattr(model, "package_path", None)
+    if getattr(model, "is_temp_package", False) and temp and Path(temp) != out:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _compress(path: Path, how: str) -> str:
@@ -112,7 +121,7 @@ def _compress(path: Path, how: str) -> str:
             nbits=4, mode="kmeans", granularity="per_tensor"))
         model = cto.coreml.palettize_weights(model, cfg)
     shutil.rmtree(path)
-    model.save(str(path))
+    _save_and_drop_temp(model, path)
     return (f"--option compress={how}: coremltools.optimize quantised the float weights itself "
             "(not ArkInfer's recipe; no canonical codes to check)")
 

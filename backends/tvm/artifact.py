@@ -28,6 +28,7 @@ from arkinfer.quant.export import TOKENIZER_FILES
 
 from arkinfer import ir
 from arkinfer.backend import LowerRequest, LowerResult
+from arkinfer.errors import ArkError
 from arkinfer.frontend.shard_writer import honour_umask
 
 from .compile import DEVICE_VARIANTS, Build, build
@@ -40,9 +41,28 @@ PARAMS_FILE = "params.safetensors"
 SCHEMA = 1
 
 
+FLOAT_WEIGHTS = {"f16": np.float16, "f32": np.float32}
+OPTIONS = ("devices", "float_weights")
+
+
 def device_variants(options: dict[str, str]) -> tuple[str, ...]:
     value = options.get("devices", ",".join(DEVICE_VARIANTS))
     return () if value in ("", "none") else tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def float_weights(options: dict[str, str]):
+    """numpy dtype of the float weight matrices (embedding, float linears such as a tied
+    lm_head): `--option float_weights=f16` (default, MLC-LLM's q4f16: half the bytes a decode
+    step reads for the lm_head) or f32. Norm weights and RoPE tables stay float32."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ArkError(f"unknown tvm option(s) {unknown}; known: {', '.join(OPTIONS)}",
+                       hint="e.g. --option devices=adreno --option float_weights=f32")
+    value = options.get("float_weights", "f16")
+    if value not in FLOAT_WEIGHTS:
+        raise ArkError(f"--option float_weights={value!r}; allowed {', '.join(FLOAT_WEIGHTS)}",
+                       hint="f16 halves the float matrices (default); f32 keeps them exact")
+    return FLOAT_WEIGHTS[value]
 
 
 def _program(request: LowerRequest, passes: tuple[str, ...]) -> Any:
@@ -103,9 +123,10 @@ def write(b: Build, out: Path, source_dir: Path, layers: dict[str, str]) -> list
 
 def lower(request: LowerRequest, passes: tuple[str, ...]) -> LowerResult:
     variants = device_variants(request.options)
+    float_dtype = float_weights(request.options)
     program = _program(request, passes)
-    request.progress("pack weights (q4 + float32)")
-    params, layers = program_params(program, SourceWeights(request.model_dir))
+    request.progress(f"pack weights (q4 + {np.dtype(float_dtype).name} float matrices)")
+    params, layers = program_params(program, SourceWeights(request.model_dir), float_dtype)
     request.progress(f"compile llvm + {', '.join(variants) or 'no device'}")
     b = build(program, params, devices=variants)
     files = write(b, request.out_dir, Path(request.source_dir), layers)

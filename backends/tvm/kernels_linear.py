@@ -6,7 +6,7 @@ whose body decodes the 4-bit code and scales it *inside the sum* is a single Pri
 default pipeline (dlight's GEMV / reduction rules on GPUs) schedules it as one kernel that reads
 the packed weight once and never writes a float copy.
 
-    linear_f32(x [.., K], w [N, K])                        -> [.., N]
+    linear_f32(x [.., K], w f32|f16 [N, K])                -> [.., N]
     linear_q4(x [.., K], codes u32 [N, K/8], scales f16|f32 [N, K/g], zeros? u8 [N, K/g])
                                                            -> [.., N]
 Weight layout and formula: weights.py.
@@ -25,34 +25,45 @@ def _leading(x: te.Tensor) -> list:
 
 
 def linear_f32(x: te.Tensor, w: te.Tensor, bias: te.Tensor | None = None) -> te.Tensor:
-    """y[.., n] = sum_k x[.., k] * w[n, k] (+ bias[n]), fp32 accumulation."""
+    """y[.., n] = sum_k x[.., k] * w[n, k] (+ bias[n]), fp32 accumulation (w float32 or float16,
+    widened in registers)."""
     k = te.reduce_axis((0, x.shape[-1]), "k")
     y = te.compute((*_leading(x), w.shape[0]),
-                   lambda *i: te.sum(x[(*i[:-1], k)] * w[i[-1], k], axis=k), name="linear")
+                   lambda *i: te.sum(x[(*i[:-1], k)] * w[i[-1], k].astype("float32"), axis=k),
+                   name="linear")
     if bias is None:
         return y
     return te.compute(y.shape, lambda *i: y[i] + bias[i[-1]], name="linear_bias")
 
 
-def dequant_q4(codes: te.Tensor, scales: te.Tensor, zeros: te.Tensor | None, n, k,
-               group: int):
-    """fp32 value of W[n, k] read straight from the packed words (weights.py layout)."""
-    word = codes[n, k // 8]
-    code = (word >> (((k % 8) * 4).astype("uint32"))) & tir.const(15, "uint32")
-    zero = zeros[n, k // group].astype("float32") if zeros is not None else \
+def dequant_q4_word(codes: te.Tensor, scales: te.Tensor, zeros: te.Tensor | None, n, word,
+                    lane, group: int):
+    """fp32 value of W[n, 8*word + lane] read straight from the packed words (weights.py layout).
+
+    Indexed by (word, lane) rather than by column, so no index needs a division by 8 and the
+    group's scale is one scalar per word: LLVM turns the 8 lanes into one vector of variable
+    shifts. The code is converted through int32 (AVX2 has no unsigned-int-to-float)."""
+    per_group = group // 8
+    code = (codes[n, word] >> (lane * 4).astype("uint32")) & tir.const(15, "uint32")
+    zero = zeros[n, word // per_group].astype("float32") if zeros is not None else \
         tir.const(float(SYM_ZERO), "float32")
-    return (code.astype("float32") - zero) * scales[n, k // group].astype("float32")
+    return (code.astype("int32").astype("float32") - zero) * \
+        scales[n, word // per_group].astype("float32")
 
 
 def linear_q4(x: te.Tensor, codes: te.Tensor, scales: te.Tensor, zeros: te.Tensor | None = None,
               bias: te.Tensor | None = None) -> te.Tensor:
-    """y[.., n] = sum_k x[.., k] * dequant(W)[n, k] (+ bias[n]) as ONE reduction."""
+    """y[.., n] = sum_{word, lane} x[.., 8*word + lane] * dequant(W)[n, 8*word + lane] (+ bias[n])
+    as ONE reduction over two axes (word, lane): the lane axis is what cpu_schedule.LinearRows
+    keeps as 8 vector partial sums."""
     k_total = x.shape[-1]
     group = int(k_total) // int(scales.shape[1])
-    k = te.reduce_axis((0, k_total), "k")
+    word = te.reduce_axis((0, codes.shape[1]), "kw")
+    lane = te.reduce_axis((0, 8), "kl")
     y = te.compute((*_leading(x), codes.shape[0]),
-                   lambda *i: te.sum(x[(*i[:-1], k)] * dequant_q4(codes, scales, zeros, i[-1], k,
-                                                                  group), axis=k),
+                   lambda *i: te.sum(x[(*i[:-1], word * 8 + lane)]
+                                     * dequant_q4_word(codes, scales, zeros, i[-1], word, lane,
+                                                       group), axis=[word, lane]),
                    name="q4_linear")
     if bias is None:
         return y

@@ -37,6 +37,7 @@ from arkinfer.ops.infllmv2.config import SparseConfig
 
 from . import kernels_attention as ka
 from . import kernels_linear as kl
+from . import kernels_norm as kn
 from .infllmv2 import emit_infllmv2
 from .weights import q4_names
 
@@ -108,6 +109,14 @@ class _Entry:
             int(n.attrs["long_after"]) else length > int(n.attrs["long_after"])
 
     # ------------------------------------------------------------------------------ ops
+    def embed(self, n: Node, ids):
+        """Rows of the embedding, widened to float32 when it is stored as float16."""
+        table = self.p(n.attrs["weight"])
+        rows = relax.op.take(table, ids, axis=0, mode="clip")
+        if str(table.ty.dtype) == "float32":
+            return rows
+        return relax.op.astype(self.bb.emit(rows), "float32")
+
     def linear(self, n: Node, x):
         name = n.attrs["weight"]
         codes, scales, zeros = q4_names(name)
@@ -191,10 +200,10 @@ def _transpose(e: _Entry, n: Node, x: list) -> relax.Expr:
 # Op -> lowering; the keys are exactly what this backend covers (preflight checks programs
 # against them, so an op without an entry is a plan-time error naming it).
 LOWERINGS: dict[Op, Callable[[_Entry, Node, list], relax.Expr]] = {
-    Op.EMBED: lambda e, n, x: relax.op.take(e.p(n.attrs["weight"]), x[0], axis=0, mode="clip"),
+    Op.EMBED: lambda e, n, x: e.embed(n, x[0]),
     Op.LINEAR: lambda e, n, x: e.linear(n, x[0]),
-    Op.RMS_NORM: lambda e, n, x: relax.op.nn.rms_norm(x[0], e.p(n.attrs["weight"]), axes=[-1],
-                                                      epsilon=float(n.attrs["eps"])),
+    Op.RMS_NORM: lambda e, n, x: e.bb.emit_te(kn.rms_norm, x[0], e.p(n.attrs["weight"]),
+                                              float(n.attrs["eps"]), primfunc_name_hint="rms_norm"),
     Op.ROPE: lambda e, n, x: e.rope(n, x[0], x[1]),
     Op.ROPE_TABLE: lambda e, n, x: e.rope_table(n, x[0], x[1]),
     Op.ATTENTION: lambda e, n, x: e.attention(n, *x),
@@ -214,7 +223,7 @@ LOWERINGS: dict[Op, Callable[[_Entry, Node, list], relax.Expr]] = {
 
 OP_IMPLEMENTATIONS = {
     "linear": "TE reduction; int4 q4 weights dequantised inside the sum (kernels_linear.py)",
-    "embed": "relax take", "rms_norm": "relax nn.rms_norm",
+    "embed": "relax take", "rms_norm": "TE row reduction + epilogue (kernels_norm.py)",
     "rope": "TE (table gather, LongRoPE switch in-kernel)",
     "attention": "dense causal GQA (TE scores, masked softmax, mix; functional KV cache)",
 }

@@ -9,6 +9,7 @@ verify, eval and bench use it; the device builds (device/*.tar) run only on a ph
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -36,10 +37,21 @@ def load_params(artifact_dir: Path, info: dict) -> dict:
     return load_file(str(Path(artifact_dir) / info["params_file"]))
 
 
+def use_torch_threads() -> int:
+    """TVM's thread pool size for this process: TVM_NUM_THREADS when the user set it, else
+    torch's thread count (what ArkInfer's other runtimes and the llama.cpp comparisons use).
+    Without it TVM halves the core count on x86 (it assumes hyper-threading), which on this
+    2-core machine ran every parallel loop on one thread (decode 56 ms -> 32 ms per step).
+    Must run before the first parallel kernel: the pool reads the variable once."""
+    os.environ.setdefault("TVM_NUM_THREADS", str(torch.get_num_threads()))
+    return int(os.environ["TVM_NUM_THREADS"])
+
+
 class TVMRunner(StepRunner):
     def __init__(self, artifact_dir: str | Path) -> None:
         import tvm
 
+        self.threads = use_torch_threads()
         self.dir = Path(artifact_dir)
         info = read_module_info(self.dir)
         lib = tvm.runtime.load_module(str(self.dir / info["host"]["library"]))

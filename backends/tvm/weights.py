@@ -14,8 +14,11 @@ One linear weight `W` (torch layout `[N, K]` = `[out_features, in_features]`, gr
     W[n, k] = scales[n, k // g] * (code(n, k) - zero(n, k // g))     (computed in fp32)
 
 which is the canonical definition (`quant/weight.py`), so packing is lossless: the artifact holds
-exactly the weights the recipe produced. Float tensors (embedding, norms, lm_head, biases) keep
-their names, as float32. `dequantize_q4` is the numpy reference of what the kernel computes.
+exactly the weights the recipe produced. Float tensors keep their names: float matrices
+(embedding, a float lm_head) in the build's `float_weights` dtype (float16 by default, like
+MLC-LLM's q4f16; float32 with `--option float_weights=f32`), norms and biases as float32. The
+reference folder (reference.py) is written from these stored values, so runtime fidelity
+compares the module with the reference on exactly the same weights. `dequantize_q4` is the numpy reference of what the kernel computes.
 
     src = SourceWeights(model_dir)              # a float folder or a quantised one (any format)
     src.quantised("model.layers.0.mlp.up_proj.weight")   -> QuantizedWeight | None
@@ -113,11 +116,13 @@ class SourceWeights:
         return self.ckpt.weights.get(name).to(torch.float32).numpy()
 
 
-def program_params(program, src: SourceWeights) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def program_params(program, src: SourceWeights, float_dtype=np.float32
+                   ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(params, layers): every weight the program's entry points read, in the module's argument
-    order: linears stored quantised in `src` as their q4 tensors (pack_q4), the rest as float32
-    (`rope.*` tables come from the program's own store: they are computed from the config).
-    `layers` maps each linear to its storage, for the manifest."""
+    order: linears stored quantised in `src` as their q4 tensors (pack_q4); float matrices
+    (2-D: the embedding, float linears such as a tied lm_head) as `float_dtype`; the rest
+    (norm weights, biases) as float32 (`rope.*` tables come from the program's own store: they
+    are computed from the config). `layers` maps each linear to its storage, for the manifest."""
     params: dict[str, np.ndarray] = {}
     layers: dict[str, str] = {}
     linear_weights = {n.attrs["weight"] for g in program.entries.values() for n in g.nodes
@@ -138,6 +143,10 @@ def program_params(program, src: SourceWeights) -> tuple[dict[str, np.ndarray], 
             params[name] = program.weights.tensor(name).to(torch.float32).numpy()
         else:
             params[name] = src.float(name)
+            if params[name].ndim == 2:
+                params[name] = params[name].astype(float_dtype)
             if name in linear_weights:
-                layers[name.removesuffix(".weight")] = "float32"
+                layers[name.removesuffix(".weight")] = params[name].dtype.name
+            elif params[name].ndim == 2:
+                layers[name.removesuffix(".weight")] = params[name].dtype.name
     return params, layers

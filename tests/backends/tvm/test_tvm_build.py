@@ -9,6 +9,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -81,6 +82,46 @@ def test_runner_matches_reference_weights(demo_artifact):
     assert (a - b).abs().max() < 1e-3
     assert bool((a.argmax(-1) == b.argmax(-1)).all())
     assert run.decode(5).argmax() == ref.decode(5).argmax()
+
+
+def test_float_matrices_are_stored_f16_and_the_reference_reads_them(demo_artifact):
+    """The embedding (tied lm_head) is float16 in params.safetensors (default float_weights),
+    norms float32; the reference folder holds exactly those values widened to float32."""
+    from safetensors.numpy import load_file
+
+    out, _ = demo_artifact
+    params = load_file(str(out / "params.safetensors"))
+    emb = params["model.embed_tokens.weight"]
+    assert emb.dtype == np.float16
+    assert params["model.norm.weight"].dtype == np.float32
+    ref = load_file(str(next(BACKEND.reference_weights(out).glob("*.safetensors"))))
+    np.testing.assert_array_equal(ref["model.embed_tokens.weight"], emb.astype(np.float32))
+    info = json.loads((out / "tvm_module.json").read_text())
+    assert info["layers"]["model.embed_tokens"] == "float16"
+
+
+def test_tvm_options_are_checked():
+    from arkinfer.backends.tvm.artifact import float_weights
+    from arkinfer.errors import ArkError
+
+    assert float_weights({}) == np.float16 and float_weights({"float_weights": "f32"}) == np.float32
+    with pytest.raises(ArkError, match=r"float_weights='bf16'; allowed f16, f32"):
+        float_weights({"float_weights": "bf16"})
+    with pytest.raises(ArkError, match=r"unknown tvm option\(s\) \['device'\]; known: devices"):
+        float_weights({"device": "adreno"})
+
+
+def test_runner_uses_torch_threads(monkeypatch):
+    """TVM's pool defaults to half the cores on x86; the Runner asks for torch's count unless
+    the user set TVM_NUM_THREADS."""
+    import torch
+
+    from arkinfer.backends.tvm.runner import use_torch_threads
+
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    assert use_torch_threads() == torch.get_num_threads()
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    assert use_torch_threads() == 1
 
 
 def test_int4_and_q4_0_resolve_to_tvm_on_android():

@@ -75,8 +75,10 @@ def test_sparse_prefill_matches_the_reference_and_differs_from_dense(sparse_mode
     ids = _ids(200, seed=2)
     got = runner.window_logits(ids[:190])
     want = reference.window_logits(ids[:190])
-    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    # fp32 summation order only: the module's dot products run as 32 interleaved partial sums
+    # (cpu_schedule.LinearRows), the reference's in torch's order
+    torch.testing.assert_close(got, want, atol=5e-4, rtol=1e-4)
     dense = ReferenceRunner(src, dense=True).window_logits(ids[:190])
     assert float((want[-40:] - dense[-40:]).abs().max()) > 1e-3  # InfLLM v2 really ran
     chunk = runner._step(ids[190:], last_only=False)  # a prefill over a non-empty cache
-    torch.testing.assert_close(chunk, reference.window_logits(ids)[190:], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(chunk, reference.window_logits(ids)[190:], atol=5e-4, rtol=1e-4)

@@ -37,7 +37,9 @@ from __future__ import annotations
 # CI runs the backend's own InfLLM v2 tests instead (tests/backends/test_gguf_infllmv2.py).
 HEAVY = True
 
+import atexit
 import math
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -59,8 +61,15 @@ LIB = patched_library_dir()
 if LIB is None:
     raise ImportError("the InfLLM v2 llama.cpp is not built: run `arkinfer doctor --build-llamacpp`")
 
-_WORK = Path(tempfile.mkdtemp(prefix="arkinfer-llamacpp-conformance-"))
 _RUNNER = []   # one child process for the whole session
+_WORK_DIRS: list[Path] = []   # one temporary folder of GGUFs, made on first use, removed at exit
+
+
+def _work() -> Path:
+    if not _WORK_DIRS:
+        _WORK_DIRS.append(Path(tempfile.mkdtemp(prefix="arkinfer-llamacpp-conformance-")))
+        atexit.register(shutil.rmtree, _WORK_DIRS[0], True)
+    return _WORK_DIRS[0]
 
 
 def _runner():
@@ -105,7 +114,7 @@ def _write(spec) -> Path:
     out[:qd, payload:payload + qd] = torch.eye(qd, dtype=torch.float64)
     out[qd, -1] = 1.0
 
-    path = _WORK / f"attn-{hq}-{hkv}-{d}-{s}.gguf"
+    path = _work() / f"attn-{hq}-{hkv}-{d}-{s}.gguf"
     w = gguf.GGUFWriter(str(path), "minicpm")
     w.add_context_length(1 << 20)
     w.add_embedding_length(n_embd)
