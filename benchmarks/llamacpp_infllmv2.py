@@ -228,6 +228,7 @@ def main() -> None:
         print(f"writing {model} ({args.layers} layers) ...", flush=True)
         write_gguf(model, args.layers)
     rows = []
+    load_before = list(os.getloadavg())
     upstream = run_worker(None, model, contexts, args.steps, args.threads)
     patched = run_worker(lib, model, contexts, args.steps, args.threads)
     for n in contexts:
@@ -239,6 +240,7 @@ def main() -> None:
                      "attention_speedup": da / sa if sa > 0 else None,
                      "dense_step_ms": 1e3 * d, "sparse_step_ms": 1e3 * s,
                      "step_ms_at_256": {"dense": 1e3 * upstream[256], "sparse": 1e3 * patched[256]}})
+    load_after = list(os.getloadavg())
     print("| context | layers | upstream dense tok/s | patched InfLLM v2 tok/s | decode x | "
           "attention share dense / sparse | attention x |")
     print("|---|---|---|---|---|---|---|")
@@ -247,10 +249,13 @@ def main() -> None:
         print(f"| {r['context'] // 1024}K | {r['layers']} | {r['dense_tok_s']:.2f} | {r['sparse_tok_s']:.2f} | "
               f"{r['decode_speedup']:.2f}x | {100 * r['dense_attention_share']:.0f} % / "
               f"{100 * r['sparse_attention_share']:.0f} % | {att} |")
+    print(f"threads {args.threads}; load average before {load_before}, after {load_after}")
     if not args.no_save:
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps({"date": datetime.date.today().isoformat(),
                                        "machine": machine_info(), "threads": args.threads,
+                                       "load_average_before": load_before,
+                                       "load_average_after": load_after,
                                        "steps": args.steps, "rows": rows}, indent=1) + "\n")
 
 

@@ -214,3 +214,41 @@ def test_build_from_scratch_then_reuse(tmp_path, monkeypatch):
     assert llamacpp_build.build_patched_llamacpp() == lib
     with tarfile.open(next(lib.parent.glob("*.tar.gz"))) as tf:
         assert any(m.name.endswith("src/models/minicpm.cpp") for m in tf.getmembers())
+
+
+def test_deep_sparse_model_fits_the_graph_budget(tmp_path):
+    """A 16-layer copy of the demo (its 4 layers repeated) runs sparse past dense_len and equals
+    the reference: llama.cpp's default graph budget (8 nodes per tensor) is too small for InfLLM
+    v2's per-layer nodes from ~8 layers on (patch 0004 gives MiniCPM with InfLLM v2 MSA's)."""
+    from safetensors.torch import load_file, save_file
+
+    demo = demo_model_path()
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy2(demo / f, deep / f)
+    config = json.loads((demo / "config.json").read_text())
+    base = config["num_hidden_layers"]
+    config["num_hidden_layers"] = 16
+    (deep / "config.json").write_text(json.dumps(config))
+    tensors = {}
+    for shard in sorted(demo.glob("*.safetensors")):
+        tensors.update(load_file(str(shard)))
+    out = {k: v for k, v in tensors.items() if ".layers." not in k}
+    for i in range(16):
+        prefix = f"model.layers.{i % base}."
+        out.update({k.replace(prefix, f"model.layers.{i}."): v.clone()
+                    for k, v in tensors.items() if k.startswith(prefix)})
+    save_file(out, str(deep / "model.safetensors"))
+    art = tmp_path / "gguf"
+    BACKEND.lower(LowerRequest(deep, deep, None, "f32", None, art, options={}))
+    from arkinfer.backends.gguf.subprocess_runner import SubprocessLlamaCppRunner
+
+    runner = SubprocessLlamaCppRunner(art / "model.gguf", _lib(), n_ctx=2048, kv_type="f32")
+    try:
+        ids = random_ids(DENSE_LEN + 100, seed=3)
+        ours = runner.window_logits(ids)
+    finally:
+        runner.close()
+    ref = ReferenceRunner(deep).window_logits(ids)
+    assert (ours - ref)[DENSE_LEN:].abs().max().item() <= 1e-3
