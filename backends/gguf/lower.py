@@ -23,6 +23,7 @@ from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import open_checkpoint
 from arkinfer.frontend.gguf_model import ARCHS, ArchSpec
 
+from .fast_writer import FastArrayWriter
 from .metadata import write_metadata
 from .plan import ggml_rtn, plan_model
 from .tensors import tensor_bytes
@@ -107,7 +108,7 @@ def lower(request: LowerRequest) -> LowerResult:
     path = out / GGUF_FILE
     quantised = plan.quantised
     recipe = request.recipe.describe() if request.recipe is not None else None
-    writer = gguf.GGUFWriter(str(path), spec.gguf_arch)
+    writer = FastArrayWriter(str(path), spec.gguf_arch)
     try:
         write_metadata(writer, spec, config, ckpt.raw_config,
                        name=Path(request.source_dir).name or spec.gguf_arch,
