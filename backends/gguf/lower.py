@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 from collections import deque
+from itertools import islice
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -74,25 +75,31 @@ def _ops(spec: ArchSpec, config, plan) -> dict[str, str]:
             "rms_norm": "ggml rms_norm", "rope": rope}
 
 
-def _prepared(make, items, workers: int | None = None, ahead: int = 4):
+class _Prepared:
     """make(item) for every item, in order, computed by `workers` threads (default: the CPU
     count) at most `ahead` items in front of the consumer, so peak memory stays a few tensors.
-    numpy's quantisers release the GIL, so tensors quantise in parallel while one is written."""
-    workers = workers or os.cpu_count() or 1
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending = deque()
-        for item in items:
-            pending.append(pool.submit(make, item))
-            if len(pending) > ahead:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+    The first `ahead` start at construction, so they are quantised while the caller does other
+    work (reading the tokenizer, writing the header); numpy's and torch's quantisers release the
+    GIL. Iterate once; `close()` (also on error) stops the threads."""
+
+    def __init__(self, make, items, workers: int | None = None, ahead: int = 4) -> None:
+        self.make, self.items = make, iter(items)
+        self.pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1)
+        self.pending = deque(self.pool.submit(make, item) for item in islice(self.items, ahead))
+
+    def __iter__(self):
+        while self.pending:
+            result = self.pending.popleft().result()
+            for item in islice(self.items, 1):
+                self.pending.append(self.pool.submit(self.make, item))
+            yield result
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def lower(request: LowerRequest) -> LowerResult:
     """Write `request.out_dir / model.gguf`; returns files, ops, toolchain, notes, layers."""
-    import gguf
-
     ckpt = open_checkpoint(request.model_dir, with_tokenizer=False)
     config = ckpt.config
     spec = spec_for_model_type(config.model_type)
@@ -100,6 +107,19 @@ def lower(request: LowerRequest) -> LowerResult:
     if Path(request.source_dir).resolve() != Path(request.model_dir).resolve():
         source = open_checkpoint(request.source_dir, with_tokenizer=False)
     plan = plan_model(ckpt, spec, request.recipe, request.dtype, request.options, source)
+    tensors = _Prepared(lambda t: tensor_bytes(ckpt, t, source), plan.tensors)
+    try:
+        return _write(request, ckpt, spec, plan, source, tensors)
+    finally:
+        tensors.close()
+
+
+def _write(request: LowerRequest, ckpt, spec: ArchSpec, plan, source, tensors: _Prepared
+           ) -> LowerResult:
+    """The GGUF file (header, metadata, tokenizer, tensors as `tensors` yields them)."""
+    import gguf
+
+    config = ckpt.config
     tok_dir = request.model_dir if (request.model_dir / "tokenizer.json").is_file() \
         else request.source_dir
     vocab = read_vocab(Path(tok_dir), config.vocab_size, ckpt.raw_config)
@@ -125,7 +145,6 @@ def lower(request: LowerRequest) -> LowerResult:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        tensors = _prepared(lambda t: tensor_bytes(ckpt, t, source), plan.tensors)
         for i, (t, data) in enumerate(zip(plan.tensors, tensors, strict=True)):
             request.progress(f"tensor {i + 1}/{len(plan.tensors)} {t.name} ({t.qtype.name})")
             writer.write_tensor_data(data)

@@ -52,37 +52,66 @@ class SubprocessLlamaCppRunner(RunnerBase):
         self.n_ctx = n_ctx
         self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, env=env)
-        self.load(gguf_path, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type,
-                  all_logits=all_logits, debug_blocks=debug_blocks)
+        # The child's start (Python, torch, llama.cpp, the model: ~3 s) overlaps with what the
+        # caller does next (verify loads the float reference meanwhile): the load request is sent
+        # now and its answer read by the first call that needs the child.
+        self._pending: str | None = None
+        self._send("load", str(gguf_path), n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type,
+                   all_logits=all_logits, flash_attn=True, debug_blocks=debug_blocks, n_batch=None)
+        self._pending = "load"
+
+    @property
+    def vocab_size(self) -> int:
+        self._finish_load()
+        return self._vocab_size
 
     def load(self, gguf_path: str | Path, n_ctx: int = 512, n_threads: int | None = None,
              kv_type: str = "f16", all_logits: bool = True, debug_blocks: bool = False,
              n_batch: int | None = None) -> None:
         """Replace the model in the same child process (no new process, no re-import)."""
         self.path, self.n_ctx = Path(gguf_path), n_ctx
-        self.vocab_size = self._call("load", str(gguf_path), n_ctx=n_ctx, n_threads=n_threads,
-                                     kv_type=kv_type, all_logits=all_logits, flash_attn=True,
-                                     debug_blocks=debug_blocks, n_batch=n_batch)
+        self._vocab_size = self._call("load", str(gguf_path), n_ctx=n_ctx, n_threads=n_threads,
+                                      kv_type=kv_type, all_logits=all_logits, flash_attn=True,
+                                      debug_blocks=debug_blocks, n_batch=n_batch)
+
+    def _finish_load(self) -> None:
+        """The answer to the constructor's load request, if not read yet."""
+        if self._pending is not None:
+            self._pending = None
+            self._vocab_size = self._receive("load")
 
     def _call(self, name: str, *args, **kwargs):
+        self._finish_load()
+        self._send(name, *args, **kwargs)
+        return self._receive(name)
+
+    def _send(self, name: str, *args, **kwargs) -> None:
         if self._proc is None or self._proc.poll() is not None:
             raise ArkError(f"the llama.cpp child process for {self.path.name} is not running",
                            hint="create the runner again")
         try:
             pickle.dump((name, args, kwargs), self._proc.stdin)
             self._proc.stdin.flush()
+        except BrokenPipeError:
+            self._died(name)
+
+    def _receive(self, name: str):
+        try:
             status, payload = pickle.load(self._proc.stdout)
-        except (EOFError, BrokenPipeError, pickle.UnpicklingError):
-            code = self._proc.wait()
-            raise ArkError(f"the llama.cpp child process for {self.path.name} died during "
-                           f"{name}() (exit status {code})",
-                           hint="run it again with the dense runner, or rebuild the patched "
-                                "library: arkinfer doctor --build-llamacpp") from None
+        except (EOFError, pickle.UnpicklingError):
+            self._died(name)
         if status == "err":
             cls_name, message, hint = payload
             cls = getattr(errors, cls_name, ArkError)
             raise cls(message, hint=hint)
         return payload
+
+    def _died(self, name: str):
+        code = self._proc.wait()
+        raise ArkError(f"the llama.cpp child process for {self.path.name} died during "
+                       f"{name}() (exit status {code})",
+                       hint="run it again with the dense runner, or rebuild the patched "
+                            "library: arkinfer doctor --build-llamacpp") from None
 
     def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
         return self._call("tokenize", text, add_bos=add_bos, special=special)

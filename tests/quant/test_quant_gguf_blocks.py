@@ -141,3 +141,15 @@ def test_q4_0_rounds_fp16_scale_first() -> None:
     assert isinstance(fitted, QuantizedWeight)
     raw = get_format("gguf-q4_0").pack(fitted)["weight"]
     assert raw.shape == (4, 2 * 18)
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0], ids=lambda t: t.name)
+def test_torch_fast_path_identical_on_many_random_blocks(qtype: GGMLType) -> None:
+    """quantize_gguf's torch path (finite input) against gguf-py on 32K blocks at many scales,
+    with exact ties between the largest positive and negative values in some blocks."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((1024, 1024)) * 10.0 ** rng.integers(-6, 4, (1024, 1))).astype(
+        np.float32)
+    x[::7, 5] = np.abs(x[::7]).max(axis=1)
+    x[::7, 9] = -x[::7, 5]
+    assert quantize_gguf(x, qtype) == gguf.quants.quantize(x, QT(int(qtype))).tobytes()
