@@ -8,12 +8,15 @@ the shipped Q4_1 GGUF (llama.cpp's own quantiser, default per-tensor rules). Bot
 threads, the same prompt ids, a warm-up, and `--tokens` timed greedy-fed decode steps.
 
     python benchmarks/onnx_vs_llamacpp.py --json benchmarks/results/onnx_vs_llamacpp.json
+    python benchmarks/onnx_vs_llamacpp.py --accuracy-level 4 \
+        --json benchmarks/results/onnx_vs_llamacpp_int8.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -68,7 +71,7 @@ def _q4_0(src: Path, dst: Path) -> None:
         raise RuntimeError(f"llama.cpp could not requantise {src} to Q4_0")
 
 
-def run(threads: int, steps: int, reps: int, prompt_len: int) -> dict:
+def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: int = 0) -> dict:
     from arkinfer.backends.gguf.runner import LlamaCppRunner
     from arkinfer.backends.onnx.runner import OnnxRunner
 
@@ -77,7 +80,8 @@ def run(threads: int, steps: int, reps: int, prompt_len: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         art = _artifact(work)
-        onnx_runner = OnnxRunner(art, ops="contrib", threads=threads)
+        onnx_runner = OnnxRunner(art, ops="contrib", threads=threads,
+                                 accuracy_level=accuracy_level)
         text = (Path(__file__).parents[1] / "arkinfer/data/corpus_eval.txt").read_text()[:4000]
         prompt = onnx_runner.tokenize(text)[:prompt_len]
         onnx_rates = _decode_rate(onnx_runner, prompt, steps, reps)
@@ -90,7 +94,8 @@ def run(threads: int, steps: int, reps: int, prompt_len: int) -> dict:
     return {
         "benchmark": "decode tokens/s, SmolLM2-135M-Instruct int4, batch 1",
         "onnxruntime": {"artifact": "tensorrt backend, gptq 4-bit g64 (lm_head too) -> "
-                                    "com.microsoft.MatMulNBits", "tokens_per_s": round(onnx_tps, 2),
+                                    "com.microsoft.MatMulNBits",
+                        "accuracy_level": accuracy_level, "tokens_per_s": round(onnx_tps, 2),
                         "runs": [round(r, 2) for r in onnx_rates]},
         "llama_cpp": {"model": "Q4_0 (llama_model_quantize of the shipped Q4_1 GGUF)",
                       "tokens_per_s": round(llama_tps, 2), "runs": [round(r, 2) for r in llama_rates]},
@@ -99,6 +104,7 @@ def run(threads: int, steps: int, reps: int, prompt_len: int) -> dict:
         "settings": {"threads": threads, "prompt_tokens": len(prompt), "decode_steps": steps,
                      "repetitions": reps, "warmup": 1},
         "machine": machine_info(threads=threads),
+        "load_average_after": list(os.getloadavg()),
     }
 
 
@@ -108,10 +114,16 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--accuracy-level", type=int, default=0, choices=(0, 1, 2, 3, 4),
+                    help="MatMulNBits accuracy_level: 0 fp32 activations (the runner's "
+                         "default), 4 int8 activations (as llama.cpp)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    result = run(args.threads, args.tokens, args.reps, args.prompt)
-    print(f"onnxruntime {result['onnxruntime']['tokens_per_s']} tok/s, llama.cpp Q4_0 "
+    load_before = list(os.getloadavg())
+    result = run(args.threads, args.tokens, args.reps, args.prompt, args.accuracy_level)
+    result["load_average_before"] = load_before
+    print(f"onnxruntime (accuracy_level {args.accuracy_level}) "
+          f"{result['onnxruntime']['tokens_per_s']} tok/s, llama.cpp Q4_0 "
           f"{result['llama_cpp']['tokens_per_s']} tok/s, ratio "
           f"{result['ratio_llamacpp_over_onnx']} (within 2x: {result['within_2x']})")
     if args.json:

@@ -33,7 +33,11 @@ Ops = Literal["contrib", "function"]
 
 class OnnxRunner(StepRunner):
     def __init__(self, artifact_dir: str | Path, ops: Ops = "contrib",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, accuracy_level: int = 0) -> None:
+        """accuracy_level: MatMulNBits' compute precision (ops="contrib"): 0 (default) = fp32
+        activations, the reference's numbers; 4 = activations quantised to int8 per block and
+        integer dot products, as llama.cpp does on CPUs (about 2.7x faster decode on SmolLM2
+        here; benchmarks/onnx_vs_llamacpp.py)."""
         self.dir = Path(artifact_dir)
         path = self.dir / ONNX_FILE
         if not path.is_file():
@@ -50,7 +54,7 @@ class OnnxRunner(StepRunner):
         self.ops, self.notes = ops, []
         if ops == "contrib":
             model = onnx.load(str(path))
-            self.replaced, self.notes = use_matmul_nbits(model)
+            self.replaced, self.notes = use_matmul_nbits(model, accuracy_level=accuracy_level)
             self.session = ort.InferenceSession(model.SerializeToString(), opts,
                                                 providers=["CPUExecutionProvider"])
         else:

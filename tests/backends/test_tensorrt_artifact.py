@@ -87,6 +87,21 @@ def test_artifact_files_and_metadata(artifacts):
     assert all(v.startswith("marlin 4-bit g128") for v in result.layers.values())
 
 
+def test_int8_activation_path_runs_and_stays_close(artifacts):
+    """accuracy_level=4 (MatMulNBits with int8 activations, the fast CPU path) really changes the
+    arithmetic, and stays close to the fp32 path: same top token on most positions."""
+    from arkinfer.backends.onnx.runner import OnnxRunner
+
+    art = artifacts["awq"][0]
+    exact = OnnxRunner(art, ops="contrib", threads=1)
+    int8 = OnnxRunner(art, ops="contrib", threads=1, accuracy_level=4)
+    ids = exact.tokenize(PROMPTS[0])
+    a, b = exact.window_logits(ids), int8.window_logits(ids)
+    assert not torch.equal(a, b)
+    assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.9
+    assert float((a - b).abs().max()) < 0.1 * float(a.abs().max())
+
+
 @pytest.mark.parametrize("fmt", ["marlin", "gptq", "awq"])
 def test_onnxruntime_matches_reference(artifacts, folders, fmt):
     runner = BACKEND.load(artifacts[fmt][0], threads=1)
