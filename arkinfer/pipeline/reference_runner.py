@@ -60,5 +60,9 @@ class ReferenceRunner(RunnerBase):
     def prefill(self, ids: list[int]) -> torch.Tensor:
         return self._step(ids)[-1]
 
+    def chunk_logits(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` as one forward call; logits [T, V] of each of them."""
+        return self._step(ids)
+
     def decode(self, token: int) -> torch.Tensor:
         return self._step([token])[-1]

@@ -134,6 +134,18 @@ class SubprocessLlamaCppRunner(RunnerBase):
     def chunk_logits(self, ids: list[int]) -> torch.Tensor:
         return self._call("chunk_logits", list(ids))
 
+    def parallel_start(self, n_seq: int, n_ctx_seq: int, kv_type: str = "f16",
+                       n_batch: int = 512, kv_unified: bool = False) -> None:
+        """Open `n_seq` sequences side by side in the child (parallel.ParallelSequences over the
+        loaded model, a KV stream each); replaces any open before. debug_blocks captures their
+        graphs too."""
+        self._call("parallel_start", n_seq, n_ctx_seq, kv_type=kv_type, n_batch=n_batch,
+                   kv_unified=kv_unified)
+
+    def parallel_step(self, tokens: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+        """One llama_decode over tokens of several sequences: {seq: logits [T, V]}."""
+        return self._call("parallel_step", {int(s): list(ids) for s, ids in tokens.items()})
+
     def selected_blocks(self) -> dict[int, list[torch.Tensor]]:
         """{layer: [idx int64 [HKV, T, K] per ubatch of the last evaluation]} (debug_blocks=True)."""
         tensors = self._call("graph_tensors")
@@ -225,7 +237,7 @@ def _serve() -> None:
     os.dup2(2, 1)   # whatever llama.cpp writes to stdout goes to stderr
     from arkinfer.backends.gguf.runner import LlamaCppRunner
 
-    runner, capture = None, None
+    runner, capture, parallel = None, None, None
     inp = sys.stdin.buffer
     while True:
         try:
@@ -235,11 +247,28 @@ def _serve() -> None:
         try:
             if name == "load":
                 debug = kwargs.pop("debug_blocks")
-                runner = capture = None   # free the previous model first
+                if parallel is not None:
+                    parallel.close()
+                runner = capture = parallel = None   # free the previous model first
                 runner = LlamaCppRunner(*args, **kwargs)
                 if debug:
                     capture = _with_capture(runner, Path(os.environ["LLAMA_CPP_LIB_PATH"]))
                 result = runner.vocab_size
+            elif name == "parallel_start":
+                from arkinfer.backends.gguf.parallel import ParallelSequences
+
+                if parallel is not None:
+                    parallel.close()
+                parallel = ParallelSequences(runner.llm, *args, **kwargs,
+                                             cb_eval=capture.callback if capture else None)
+                result = None
+            elif name == "parallel_step":
+                if parallel is None:
+                    raise ArkError("no parallel sequences are open",
+                                   hint="call parallel_start(n_seq, n_ctx_seq) first")
+                if capture is not None:
+                    capture.clear()
+                result = parallel.step(*args)
             elif name == "graph_tensors":
                 if capture is None:
                     raise ArkError("graph tensors need a runner created with debug_blocks=True",

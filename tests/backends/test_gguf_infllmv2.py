@@ -26,6 +26,7 @@ from arkinfer.backends.gguf.runner import LlamaCppRunner
 from arkinfer.pipeline.reference_runner import ReferenceRunner
 
 from arkinfer.backend import LowerRequest
+from arkinfer.errors import ArkError
 from arkinfer.frontend.demo import demo_model_path
 from arkinfer.ops.infllmv2 import reference
 
@@ -182,6 +183,80 @@ def test_greedy_tokens_equal_reference_past_dense_len(patched):
         want.append(int(b.argmax()))
         a, b = patched.decode(ours[-1]), ref.decode(want[-1])
     assert ours == want
+
+
+def _parallel_schedule():
+    """Three sequences (A 1230, B 1130, C 724 tokens) fed as llama-server's slots would be: each
+    step is one llama_decode, {seq: (start, end)}; every step gives each of its sequences the same
+    count, so it is one ubatch. Streams per ubatch: 3 dense; A alone crossing dense_len (sparse);
+    B alone (1000 < dense_len: dense, 16 blocks > budget); C alone; A and B sparse with C dense in
+    one batch; 24 decode steps of all three (A, B sparse; C dense at 700..724, past full view);
+    6 decode steps of A and B."""
+    steps = [{0: (0, 448), 1: (0, 448), 2: (0, 448)}, {0: (448, 1100)}, {1: (448, 1000)},
+             {2: (448, 600)}, {0: (1100, 1200), 1: (1000, 1100), 2: (600, 700)}]
+    steps += [{0: (1200 + k, 1201 + k), 1: (1100 + k, 1101 + k), 2: (700 + k, 701 + k)}
+              for k in range(24)]
+    steps += [{0: (1224 + k, 1225 + k), 1: (1124 + k, 1125 + k)} for k in range(6)]
+    return steps
+
+
+def test_parallel_sequences_equal_reference(patched):
+    """Three sequences side by side in one context (a KV stream each, as llama-server's parallel
+    slots): batches and decode steps mixing sparse and dense streams. Every sequence's logits ==
+    the reference model run alone over the same chunks, within 1e-3; past dense_len the reference
+    differs from dense, so each stream's sparse attention is checked."""
+    seqs = {0: random_ids(1230, seed=11), 1: random_ids(1130, seed=12), 2: random_ids(730, seed=13)}
+    steps = _parallel_schedule()
+    patched.parallel_start(3, 2048, kv_type="f32", n_batch=1536)
+    ours: dict[int, list[torch.Tensor]] = {0: [], 1: [], 2: []}
+    for step in steps:
+        out = patched.parallel_step({s: seqs[s][a:b] for s, (a, b) in step.items()})
+        assert sorted(out) == sorted(step)
+        for s, logits in out.items():
+            ours[s].append(logits)
+    for s, ids in seqs.items():
+        ref = ReferenceRunner(demo_model_path())
+        want = torch.cat([ref.chunk_logits(ids[a:b]) for step in steps
+                          for seq, (a, b) in step.items() if seq == s])
+        got = torch.cat(ours[s])
+        err = (got - want).abs().amax(-1)
+        assert err.max().item() <= 1e-3, f"sequence {s}: position {int(err.argmax())}, {err.max():.3g}"
+        if s < 2:   # A and B run sparse past dense_len: tell it from dense
+            dense = ReferenceRunner(demo_model_path(), dense=True).window_logits(ids[:len(got)])
+            assert (dense - want)[DENSE_LEN:].abs().max().item() > 1e-2
+
+
+def test_parallel_sequences_in_a_unified_cache_run_dense(patched):
+    """kv_unified=True interleaves the sequences' cells, so blocks cannot be anchored: the patched
+    graph runs dense through llama.cpp's own attention (as upstream MSA does): the dense reference
+    within the f16 rounding that llama.cpp's flash attention applies to an f32 cache, and far from
+    the sparse reference past dense_len."""
+    ids = [random_ids(1100, seed=14), random_ids(1100, seed=15)]
+    patched.parallel_start(2, 1100, kv_type="f32", n_batch=1024, kv_unified=True)
+    got = {0: [], 1: []}
+    for a, b in ((0, 500), (500, 1000), (1000, 1100)):
+        for s, logits in patched.parallel_step({0: ids[0][a:b], 1: ids[1][a:b]}).items():
+            got[s].append(logits)
+    for s in (0, 1):
+        dense = ReferenceRunner(demo_model_path(), dense=True).window_logits(ids[s])
+        sparse = ReferenceRunner(demo_model_path()).window_logits(ids[s])
+        assert (torch.cat(got[s]) - dense).abs().max().item() <= 2e-2
+        assert (torch.cat(got[s]) - sparse)[DENSE_LEN:].abs().max().item() > 1
+
+
+def test_parallel_sequences_refuse_bad_steps(patched):
+    """Unknown sequence ids, an oversized step and a full stream are one clear error each, and
+    the sequences stay usable."""
+    patched.parallel_start(2, 256, kv_type="f32", n_batch=64)
+    with pytest.raises(ArkError, match=r"sequence ids \[2\] are outside 0 .. 1"):
+        patched.parallel_step({2: [5]})
+    with pytest.raises(ArkError, match="a step takes 1 .. 64 tokens in all, got 80"):
+        patched.parallel_step({0: [5] * 40, 1: [6] * 40})
+    for _ in range(4):
+        patched.parallel_step({0: [5] * 64})
+    with pytest.raises(ArkError, match=r"sequences \[0\] would exceed their 256 cache cells"):
+        patched.parallel_step({0: [5]})
+    assert patched.parallel_step({1: [7, 8]})[1].shape == (2, 2048)
 
 
 def test_load_picks_the_patched_runner_and_manifest_says_so(tmp_path):

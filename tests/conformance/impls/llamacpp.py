@@ -2,12 +2,14 @@
 
 Every `attention(q, k, v, ...)` call writes a tiny F32 MiniCPM4 GGUF whose only layer reproduces the
 call's q, k and v exactly and whose logits give back the attention output, then evaluates it in the
-patched llama.cpp (a child process, `SubprocessLlamaCppRunner`): the cache positions
-0 .. cache_len - 1 first, then the call's T queries as one llama_decode (one ubatch, so dense/sparse
-is decided on cache_len + T like the reference's forward call).
+patched llama.cpp (a child process, `SubprocessLlamaCppRunner`). The B sequences of the batch run
+side by side as B llama.cpp sequences with a KV stream each (`parallel_start` / `parallel_step`, as
+llama-server's parallel slots): the cache positions 0 .. cache_len - 1 first, then the call's T
+queries of every sequence as one llama_decode (one ubatch of B streams, so dense/sparse is decided
+on cache_len + T like the reference's forward call).
 
-The construction, for token i (= position i) of a sequence of S (vocabulary max(S, Hq*D + 1)),
-n_embd = E a power of two with E/4 dims of constant 2:
+The construction, for token b*S + i (= position i of sequence b) of B sequences of S (vocabulary
+max(B*S, Hq*D + 1)), n_embd = E a power of two with E/4 dims of constant 2:
 
     embedding x_i = [a*q_i | a*k_i | a*v_i | 0 (Hq*D) | 0 ... | 2 (E/4 dims)], a a power of two
         small enough that the payload moves the mean square (1 + |a*p|^2 / E) by less than half
@@ -24,7 +26,8 @@ queries' ubatch ran sparse; when llama.cpp ran it dense because no query can see
 `budget` blocks (sparse == dense there, §6.1) it is written as "every past block". The returned
 state is the compression cache llama.cpp wrote (tensor `infllm_chunk_sum-0`: per position the sum of
 the last kernel_stride keys), turned into kernels with the graph's own arithmetic (chunk rows added
-in order, times 1/kernel_size). Batches run one sequence at a time. fp32 only (the GGUF is F32 and
+in order, times 1/kernel_size); both tensors hold the ubatch's streams one after the other. fp32
+only (the GGUF is F32 and
 the KV cache f32); the allocation check and the 32K tests do not apply (allocations happen in
 llama.cpp, and every call re-evaluates its prefix).
 """
@@ -32,7 +35,7 @@ llama.cpp, and every call re-evaluates its prefix).
 from __future__ import annotations
 
 
-# Heavy (make test-all; `pytest tests/conformance -k llamacpp -m heavy`): every check writes and loads one-layer GGUFs in the patched llama.cpp, ~8 min;
+# Heavy (make test-all; `pytest tests/conformance -k llamacpp -m heavy`): every check writes and loads one-layer GGUFs in the patched llama.cpp, ~4.5 min;
 # one pytest process running every implementation's checks outgrew this machine's 24 GB.
 # CI runs the backend's own InfLLM v2 tests instead (tests/backends/test_gguf_infllmv2.py).
 HEAVY = True
@@ -82,29 +85,30 @@ def _runner():
 
 
 def _tiny_model():
-    q = torch.zeros(1, 1, 1, 16)
+    q = torch.zeros(1, 1, 1, 1, 16)
     return q, q, q, 1, None
 
 
 def _write(spec) -> Path:
-    """GGUF for one sequence: spec = (q [Hq, T, D] of the last T positions, k, v [Hkv, S, D],
-    cache_len, sparse_config or None)."""
+    """GGUF for B sequences: spec = (q [B, Hq, T, D] of the last T positions, k, v [B, Hkv, S, D],
+    cache_len, sparse_config or None); token b*S + i is position i of sequence b."""
     q, k, v, cache_len, config = spec
-    q, k, v = (t.reshape(t.shape[-3:]).double() for t in (q, k, v))
-    hq, t, d = q.shape
-    hkv, s, _ = k.shape
+    q, k, v = (x.reshape(-1, *x.shape[-3:]).double() for x in (q, k, v))
+    batch, hq, t, d = q.shape
+    _, hkv, s, _ = k.shape
     qd, kd = hq * d, hkv * d
     payload = qd + 2 * kd
     n_embd = 1 << math.ceil(math.log2((payload + qd) * 4 / 3))
-    vocab = max(s, qd + 1)
-    rows = torch.zeros(s, payload, dtype=torch.float32)
-    rows[cache_len:, :qd] = q.permute(1, 0, 2).reshape(t, qd).float()
-    rows[:, qd:qd + kd] = k.permute(1, 0, 2).reshape(s, kd).float()
-    rows[:, qd + kd:] = v.permute(1, 0, 2).reshape(s, kd).float()
+    vocab = max(batch * s, qd + 1)
+    rows = torch.zeros(batch, s, payload, dtype=torch.float32)
+    rows[:, cache_len:, :qd] = q.permute(0, 2, 1, 3).reshape(batch, t, qd).float()
+    rows[:, :, qd:qd + kd] = k.permute(0, 2, 1, 3).reshape(batch, s, kd).float()
+    rows[:, :, qd + kd:] = v.permute(0, 2, 1, 3).reshape(batch, s, kd).float()
+    rows = rows.reshape(batch * s, payload)
     biggest = max(float(rows.double().pow(2).sum(1).max()), 1e-30)
     a = 2.0 ** math.floor(0.5 * math.log2(n_embd * 2.0 ** -26 / biggest))
     emb = torch.zeros(vocab, n_embd, dtype=torch.float64)
-    emb[:s, :payload] = a * rows.double()
+    emb[:batch * s, :payload] = a * rows.double()
     emb[:, -(n_embd // 4):] = 2.0
     eye = torch.eye(n_embd, dtype=torch.float64)
     wq, wk, wv = eye[:qd] / a, eye[qd:qd + kd] / a, eye[qd + kd:payload] / a
@@ -114,7 +118,7 @@ def _write(spec) -> Path:
     out[:qd, payload:payload + qd] = torch.eye(qd, dtype=torch.float64)
     out[qd, -1] = 1.0
 
-    path = _work() / f"attn-{hq}-{hkv}-{d}-{s}.gguf"
+    path = _work() / f"attn-{batch}-{hq}-{hkv}-{d}-{s}.gguf"
     w = gguf.GGUFWriter(str(path), "minicpm")
     w.add_context_length(1 << 20)
     w.add_embedding_length(n_embd)
@@ -183,46 +187,61 @@ def _all_blocks(t: int, cache_len: int, config) -> torch.Tensor:
     return torch.where(blk[None, :] <= qb[:, None], blk[None, :], -1)
 
 
-def _one_sequence(q, k, v, config, cache_len):
-    hq, t, d = q.shape
-    hkv, s, _ = k.shape
+def _stream_rows(arrays: list[np.ndarray], batch: int, b: int, width: int) -> list[np.ndarray]:
+    """Rows of sequence b from captured per-ubatch tensors whose tokens are B streams in a row."""
+    return [a.reshape(batch, -1, width)[b] for a in arrays]
+
+
+def _sequences(q, k, v, config, cache_len):
+    """The B sequences side by side: out [B, Hq, T, D], per sequence (state, idx [Hkv, T, budget])."""
+    batch, hq, t, d = q.shape
+    _, hkv, s, _ = k.shape
     runner = _runner()
-    runner.load(_write((q, k, v, cache_len, config)), n_ctx=s + 1, kv_type="f32",
-                debug_blocks=True, n_batch=max(t, 512))
-    ids = list(range(s))
-    if cache_len:
-        runner.prefill(ids[:cache_len])
-    sums = runner.graph_tensors().get("infllm_chunk_sum-0", []) if cache_len else []
-    logits = runner.chunk_logits(ids[cache_len:]).double()   # [T, V]
+    runner.load(_write((q, k, v, cache_len, config)), n_ctx=256, kv_type="f32",
+                debug_blocks=True, all_logits=False)
+    n_batch = max(batch * t, 512)
+    runner.parallel_start(batch, s + 1, kv_type="f32", n_batch=n_batch)
+    ids = [list(range(b * s, (b + 1) * s)) for b in range(batch)]
+    per, sums = n_batch // batch, []
+    for start in range(0, cache_len, per):           # the prefix, n_batch tokens a step
+        end = min(start + per, cache_len)
+        runner.parallel_step({b: ids[b][start:end] for b in range(batch)})
+        sums += runner.graph_tensors().get("infllm_chunk_sum-0", [])
+    logits = runner.parallel_step({b: ids[b][cache_len:] for b in range(batch)})
     tensors = runner.graph_tensors()
-    sums = sums + tensors.get("infllm_chunk_sum-0", [])
-    o = 2.0 * logits[:, :hq * d] / logits[:, hq * d:hq * d + 1]
-    out = o.view(t, hq, d).permute(1, 0, 2).float()
+    sums += tensors.get("infllm_chunk_sum-0", [])
+    out = torch.stack([2.0 * logits[b].double()[:, :hq * d] / logits[b].double()[:, hq * d:hq * d + 1]
+                       for b in range(batch)])
+    out = out.view(batch, t, hq, d).permute(0, 2, 1, 3).float()
     if config.is_dense(s):
-        return out, None, None
-    if "infllm_idx-0" in tensors:
-        got = torch.from_numpy(tensors["infllm_idx-0"][-1].reshape(hkv, t, -1).astype(np.int64))
-        qb = (torch.arange(cache_len, s) // config.block_size)[None, :, None]
-        got = torch.where(got > qb, 1 << 30, got).sort(-1).values
-        idx = torch.where(got == 1 << 30, -1, got)
-        pad = config.budget - idx.shape[-1]
-        if pad > 0:
-            idx = torch.cat([idx, idx.new_full((hkv, t, pad), -1)], -1)
-    else:
-        idx = _all_blocks(t, cache_len, config).expand(hkv, t, config.budget)
-    return out, _state(sums, s, hkv, d, config), idx
+        return out, None
+    qb = (torch.arange(cache_len, s) // config.block_size)[None, :, None]
+    results = []
+    for b in range(batch):
+        if "infllm_idx-0" in tensors:
+            got = tensors["infllm_idx-0"][-1].reshape(hkv, batch, t, -1)[:, b]
+            got = torch.from_numpy(got.astype(np.int64))
+            got = torch.where(got > qb, 1 << 30, got).sort(-1).values
+            idx = torch.where(got == 1 << 30, -1, got)
+            pad = config.budget - idx.shape[-1]
+            if pad > 0:
+                idx = torch.cat([idx, idx.new_full((hkv, t, pad), -1)], -1)
+        else:
+            idx = _all_blocks(t, cache_len, config).expand(hkv, t, config.budget)
+        results.append((_state(_stream_rows(sums, batch, b, hkv * d), s, hkv, d, config), idx))
+    return out, results
 
 
 def attention(q, k, v, *, config, scale, cache_len, state=None, q_sel=None, k_sel=None):
     if abs(scale - q.shape[-1] ** -0.5) > 1e-12:
         raise NotImplementedError("the GGUF carries no attention scale: 1/sqrt(head_dim) only")
-    results = [_one_sequence(q[b], k[b], v[b], config, cache_len) for b in range(q.shape[0])]
-    out = torch.stack([r[0] for r in results]).to(q.dtype)
-    if results[0][1] is None:
+    out, results = _sequences(q, k, v, config, cache_len)
+    out = out.to(q.dtype)
+    if results is None:
         return out, state, None
-    new_state = CompressedKeys(torch.cat([r[1].fine for r in results]),
-                               torch.cat([r[1].coarse for r in results]), results[0][1].length)
-    return out, new_state, torch.stack([r[2] for r in results])
+    new_state = CompressedKeys(torch.cat([r[0].fine for r in results]),
+                               torch.cat([r[0].coarse for r in results]), results[0][0].length)
+    return out, new_state, torch.stack([r[1] for r in results])
 
 
 IMPL = Infllmv2Impl(name="llamacpp", attention=attention, dtypes=(torch.float32,),
