@@ -406,15 +406,21 @@ class KernelCheck:
 
 
 def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
-    """max|a - b| / max|b| (0 for two empty arrays; integers must match exactly)."""
+    """max|a - b| / max|b| over the finite entries of b (0 for two empty arrays); the non-finite
+    entries (InfLLM v2's -inf log-sum-exp of a query that sees no kernel, NaN) must be the same
+    values at the same places, else inf. Integers must match exactly."""
     if a.shape != b.shape:
         return float("inf")
     if not a.size:
         return 0.0
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    if not (np.isfinite(a64).all() and np.isfinite(b64).all()):
-        return 0.0 if np.array_equal(a64, b64, equal_nan=True) else float("inf")
-    return float(np.abs(a64 - b64).max() / max(np.abs(b64).max(), 1e-30))
+    finite = np.isfinite(b64)
+    if not np.array_equal(np.isfinite(a64), finite) or \
+            not np.array_equal(a64[~finite], b64[~finite], equal_nan=True):
+        return float("inf")
+    if not finite.any():
+        return 0.0
+    return float(np.abs(a64 - b64)[finite].max() / max(np.abs(b64[finite]).max(), 1e-30))
 
 
 def compare(plan: FuncPlan, got: dict[int, np.ndarray], want: dict[int, np.ndarray],

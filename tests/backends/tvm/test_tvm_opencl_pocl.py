@@ -146,6 +146,16 @@ def test_a_wrong_kernel_or_launch_is_caught(device):
     assert not oc.compare(plan2, got, want, widened).ok
 
 
+def test_rel_diff_compares_finite_values_and_pins_the_others():
+    """-inf where no kernel is visible must sit at the same places on both sides; the finite
+    values compare relatively."""
+    b = np.array([-np.inf, 1.0, 2.0], np.float32)
+    assert oc.rel_diff(np.array([-np.inf, 1.0, 2.0 + 2e-6], np.float32), b) <= oc.FP32_TOL
+    assert oc.rel_diff(np.array([0.0, 1.0, 2.0], np.float32), b) == float("inf")
+    assert oc.rel_diff(np.array([np.inf, 1.0, 2.0], np.float32), b) == float("inf")
+    assert oc.rel_diff(np.array([-np.inf, 1.0, 2.1], np.float32), b) > oc.FP32_TOL
+
+
 def test_no_opencl_module_is_one_clear_error():
     exe = tvm.compile(_toy(1), "llvm")
     with pytest.raises(oc.NotAvailableError, match="no OpenCL module"):
@@ -187,17 +197,12 @@ def demo_build():
     return build(program, params, devices=("adreno",)), model, ckpt
 
 
-def test_demo_prefill_and_decode_on_opencl(demo_build, device):
-    import torch
-    from arkinfer.generate import model_logits_fn
-
-    b, model, ckpt = demo_build
+def prefill_then_decode_on_opencl(b, ids: list[int], hkv: int, d: int, device):
+    """Prefill ids[:-1] from an empty cache, then decode ids[-1], every kernel of the Adreno build
+    on OpenCL: (outputs, the host (llvm) build's outputs, kernel checks) of prefill and decode."""
     target, scheduled = b.device_targets["adreno"], b.device_mod_scheduled["adreno"]
     exe, sig = b.device_exec["adreno"], b.signature
     weights = [b.params[n] for n in sig.params]
-    cfg = ckpt.config
-    hkv, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    ids = ckpt.tokenizer.encode("Most bread is made from flour, water", add_special_tokens=False)
     empty = [np.zeros((1, hkv, 0, d), np.float32) for _ in sig.entries["prefill"].inputs[2:]]
     host = relax.VirtualMachine(b.host_exec, tvm.cpu())
 
@@ -208,8 +213,20 @@ def test_demo_prefill_and_decode_on_opencl(demo_build, device):
         want = oc._numpy(host[entry](*[tvm.runtime.tensor(a) for a in args]))
         return got, want, checks
 
-    pre, pre_host, pre_checks = step("prefill", ids[:-1], 0, empty)
-    dec, dec_host, dec_checks = step("decode", ids[-1:], len(ids) - 1, pre[1:])
+    pre = step("prefill", ids[:-1], 0, empty)
+    return pre, step("decode", ids[-1:], len(ids) - 1, pre[0][1:])
+
+
+def test_demo_prefill_and_decode_on_opencl(demo_build, device):
+    import torch
+    from arkinfer.generate import model_logits_fn
+
+    b, model, ckpt = demo_build
+    target, scheduled = b.device_targets["adreno"], b.device_mod_scheduled["adreno"]
+    cfg = ckpt.config
+    ids = ckpt.tokenizer.encode("Most bread is made from flour, water", add_special_tokens=False)
+    (pre, pre_host, pre_checks), (dec, dec_host, dec_checks) = prefill_then_decode_on_opencl(
+        b, ids, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads, device)
     checks = pre_checks + dec_checks
     # every device kernel of both entry points ran on OpenCL, on the step's real activations
     assert {c.name for c in checks} == set(oc.launch_plans(scheduled, target))
@@ -223,3 +240,56 @@ def test_demo_prefill_and_decode_on_opencl(demo_build, device):
         ref = model_logits_fn(model)(ids)[-1].numpy()
     assert int(np.argmax(dec[0][0, -1])) == int(np.argmax(ref))
     assert oc.rel_diff(dec[0][0, -1], ref) < 1e-3
+
+
+# ---- InfLLM v2: the sparse-attention kernels of a sparse_config model, prefill and decode ----
+
+# Blocks of 16, budget 6 blocks (96 keys), dense below 150 tokens (test_tvm_infllmv2.py's config)
+SMALL_SPARSE = {"kernel_size": 8, "kernel_stride": 4, "block_size": 16, "init_blocks": 1,
+                "window_size": 32, "topk": 4, "use_nope": False, "dense_len": 150}
+
+
+@pytest.fixture(scope="module")
+def sparse_build(tmp_path_factory):
+    """A tiny MiniCPM4 (GQA 4/2, LongRoPE) with SMALL_SPARSE, float weights, built for Adreno:
+    its prefill and decode entries hold the InfLLM v2 kernels (kernels_infllmv2.py)."""
+    import torch
+    from arkinfer.backends.tvm.compile import build
+    from arkinfer.backends.tvm.weights import SourceWeights, program_params
+    from arkinfer.ir.tracing import trace
+    from arkinfer.models.configs import tiny_config
+    from arkinfer.testing.synthetic import write_checkpoint
+
+    src = write_checkpoint(tmp_path_factory.mktemp("pocl-sparse") / "hf",
+                           tiny_config("minicpm", vocab_size=300, sparse_config=SMALL_SPARSE))
+    program = trace(src, dtype=torch.float32)
+    params, _ = program_params(program, SourceWeights(src))
+    return build(program, params, devices=("adreno",)), src
+
+
+def test_infllmv2_kernels_on_opencl_past_dense_len(sparse_build, device):
+    """Prefill 170 tokens (total >= dense_len: InfLLM v2 selects 6 of 11 blocks) then one decode
+    step, every kernel on PoCL: each equals its llvm build on the step's real inputs, every
+    kernel of both entries ran (the InfLLM v2 ones included), and both steps equal the host
+    build of the module; the decode's top-1 is the reference model's."""
+    from arkinfer.pipeline.reference_runner import ReferenceRunner
+
+    from arkinfer.frontend.checkpoint import open_checkpoint
+
+    b, src = sparse_build
+    target, scheduled = b.device_targets["adreno"], b.device_mod_scheduled["adreno"]
+    cfg = open_checkpoint(src, with_tokenizer=False).config
+    ids = np.random.default_rng(3).integers(3, 300, 171).tolist()
+    (pre, pre_host, pre_checks), (dec, dec_host, dec_checks) = prefill_then_decode_on_opencl(
+        b, ids, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads, device)
+    checks = pre_checks + dec_checks
+    assert {c.name for c in checks} == set(oc.launch_plans(scheduled, target))
+    infllm = {c.name for c in checks if c.name.startswith("infllm")}
+    assert {"infllm_coarse_lse", "infllm_group_scores"} <= infllm, sorted({c.name for c in checks})
+    bad = [c for c in checks if not c.ok]
+    assert not bad, bad
+    for got, want in ((pre, pre_host), (dec, dec_host)):
+        assert max(oc.rel_diff(g, w) for g, w in zip(got, want)) <= oc.FP32_TOL
+    ref = ReferenceRunner(src)
+    ref.prefill(ids[:-1])
+    assert int(np.argmax(dec[0][0, -1])) == int(ref.decode(ids[-1]).argmax())
