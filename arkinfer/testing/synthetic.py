@@ -71,3 +71,16 @@ def write_checkpoint(folder: Path, raw_config: dict[str, Any], seed: int = 0,
     for name, text in (extra_files or {}).items():
         (folder / name).write_text(text)
     return folder
+
+
+def random_q4_weight(n: int, k: int, group: int, sym: bool, seed: int = 0):
+    """A random 4-bit QuantizedWeight [n, k]: codes 0..15, fp16-exact scales in [0, 0.1) per
+    `group` columns, zero 8 (sym) or random zero points 0..15."""
+    from arkinfer.quant.weight import QuantizedWeight
+
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(n, k // group, generator=g) * 0.1).half().float()
+    zeros = torch.full((n, k // group), 8, dtype=torch.int32) if sym else \
+        torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.int32)
+    return QuantizedWeight(codes, scales, zeros, bits=4, group_size=group, sym=sym)

@@ -142,13 +142,16 @@ def opencl_source(executable: relax.VMExecutable) -> str:
 
 def build(program: Any, params: dict[str, np.ndarray], *, host: bool = True,
           devices: tuple[str, ...] = ("adreno", "mali"),
-          device_host: dict[str, Any] | None = None) -> Build:
-    """Lower `program` once, compile it for this machine and for each device variant."""
+          device_host: dict[str, Any] | None = None, decode_int8: bool = False) -> Build:
+    """Lower `program`, compile it for this machine and for each device variant.
+    decode_int8: the host build's decode 4-bit linears take int8 activations (kernels_int8.py;
+    lowered a second time for the host); the device builds stay fp32."""
     mod, sig = lower_program(program, params)
     out = Build(mod, sig, params)
     if host:
         out.host_target = host_target()
-        out.host_exec = finish(schedule(mod, out.host_target), out.host_target)
+        host_mod = lower_program(program, params, out.host_target)[0] if decode_int8 else mod
+        out.host_exec = finish(schedule(host_mod, out.host_target), out.host_target)
     for variant in devices:
         target = device_target(variant, device_host)
         scheduled = schedule(mod, target)

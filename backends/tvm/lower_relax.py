@@ -26,6 +26,7 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm import tirx as tir
+from tvm.target import Target
 
 from arkinfer.errors import NotAvailableError
 from arkinfer.ir import dims
@@ -36,6 +37,7 @@ from arkinfer.ir.types import DType
 from arkinfer.ops.infllmv2.config import SparseConfig
 
 from . import kernels_attention as ka
+from . import kernels_int8 as k8
 from . import kernels_linear as kl
 from . import kernels_norm as kn
 from .infllmv2 import emit_infllmv2
@@ -84,9 +86,12 @@ class _Entry:
     """Lowers one graph inside an open BlockBuilder dataflow block."""
 
     def __init__(self, bb: relax.BlockBuilder, program: Program, graph: Graph,
-                 params: dict[str, relax.Var], env: dict[str, Any]) -> None:
+                 params: dict[str, relax.Var], env: dict[str, Any],
+                 int8_target: Target | None = None, funcs: dict | None = None) -> None:
         self.bb, self.program, self.graph, self.params, self.env = bb, program, graph, params, env
         self.types = graph.types()
+        self.int8_target = int8_target   # decode's q4 linears with int8 activations (kernels_int8)
+        self.funcs = {} if funcs is None else funcs   # the module's int8 PrimFuncs, by shape
         self.kv_len: tir.Var | None = None  # the key count as a plain variable (plain_length)
 
     def dim(self, d: Any):
@@ -122,9 +127,24 @@ class _Entry:
         codes, scales, zeros = q4_names(name)
         bias = self.p(n.attrs.get("bias"))
         if codes in self.params:
+            if self.int8_ready(x, self.p(codes), self.p(scales)):
+                return self.linear_q4_int8(x, self.p(codes), self.p(scales),
+                                           self.params.get(zeros), bias)
             return self.bb.emit_te(kl.linear_q4, x, self.p(codes), self.p(scales),
                                    self.params.get(zeros), bias, primfunc_name_hint="q4_linear")
         return self.bb.emit_te(kl.linear_f32, x, self.p(name), bias, primfunc_name_hint="linear")
+
+    def int8_ready(self, x, codes, scales) -> bool:
+        """One activation row (decode: static [1, 1, K]) and a host target the int8 path serves."""
+        shape = [d for d in x.ty.shape]
+        if self.int8_target is None or not all(isinstance(d, tir.IntImm) for d in shape):
+            return False
+        k = int(shape[-1])
+        group = k // int(scales.ty.shape[1])
+        return [int(d) for d in shape[:-1]] == [1, 1] and k8.supported(self.int8_target, k, group)
+
+    def linear_q4_int8(self, x, codes, scales, zeros, bias):
+        return k8.emit_linear_q4_int8(self.bb, x, codes, scales, zeros, bias, self.funcs)
 
     def rope_table(self, n: Node, x, positions):
         return self.bb.emit_te(ka.rope_table, x, positions, self.p(n.attrs["table"]),
@@ -243,9 +263,11 @@ def uncovered_ops(program: Program) -> list[str]:
     return sorted(op.value for op in used if op not in LOWERINGS)
 
 
-def lower_program(program: Program, params: dict[str, np.ndarray]) -> tuple[tvm.IRModule,
-                                                                           Signature]:
-    """The Relax module of every entry point of `program` over `params` (see module doc)."""
+def lower_program(program: Program, params: dict[str, np.ndarray],
+                  int8_target: Target | None = None) -> tuple[tvm.IRModule, Signature]:
+    """The Relax module of every entry point of `program` over `params` (see module doc).
+    `int8_target`: the (x86 llvm) target whose decode 4-bit linears take int8 activations
+    (kernels_int8.py); None keeps every linear fp32."""
     missing = uncovered_ops(program)
     if missing:
         raise NotAvailableError(f"IR op(s) {', '.join(missing)} have no TVM lowering",
@@ -261,6 +283,7 @@ def lower_program(program: Program, params: dict[str, np.ndarray]) -> tuple[tvm.
                            "head_dim": int(meta["head_dim"]), "max_len": int(meta["max_len"]),
                            "dense_len": int(sparse.get("dense_len", 8192)) if sparse else None},
                     vocab_size=int(meta["vocab_size"]))
+    int8_funcs: dict = {}
     for name, graph in program.entries.items():
         env: dict[str, Any] = {}
         inputs = []
@@ -276,7 +299,7 @@ def lower_program(program: Program, params: dict[str, np.ndarray]) -> tuple[tvm.
         pvars = {p: relax.Var(p.replace(".", "_"), relax.TensorType(list(a.shape), str(a.dtype)))
                  for p, a in params.items()}
         with bb.function(name, [*inputs, *pvars.values()]):
-            entry = _Entry(bb, program, graph, pvars, env)
+            entry = _Entry(bb, program, graph, pvars, env, int8_target, int8_funcs)
             with bb.dataflow():
                 values: dict[str, relax.Expr] = dict(zip([i.name for i in graph.inputs], inputs))
                 for n in graph.nodes:

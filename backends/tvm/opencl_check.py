@@ -420,7 +420,7 @@ def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
         return float("inf")
     if not finite.any():
         return 0.0
-    return float(np.abs(a64 - b64)[finite].max() / max(np.abs(b64[finite]).max(), 1e-30))
+    return float(np.abs(a64[finite] - b64[finite]).max() / max(np.abs(b64[finite]).max(), 1e-30))
 
 
 def compare(plan: FuncPlan, got: dict[int, np.ndarray], want: dict[int, np.ndarray],

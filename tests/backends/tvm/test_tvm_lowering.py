@@ -29,6 +29,7 @@ from arkinfer.backends.tvm.weights import (  # noqa: E402
 )
 from arkinfer.frontend.checkpoint import resolve_model_path  # noqa: E402
 from arkinfer.quant.weight import QuantizedWeight  # noqa: E402
+from arkinfer.testing.synthetic import random_q4_weight  # noqa: E402
 
 PROMPT = [1, 17, 300, 5, 2000, 42, 7, 99]
 
@@ -67,18 +68,9 @@ def test_session_refuses_bad_tokens(demo_module):
         session.window([1, 2048])
 
 
-def _random_q4(n: int, k: int, group: int, sym: bool, seed: int = 0) -> QuantizedWeight:
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
-    scales = (torch.rand(n, k // group, generator=g) * 0.1).half().float()
-    zeros = torch.full((n, k // group), 8, dtype=torch.int32) if sym else \
-        torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.int32)
-    return QuantizedWeight(codes, scales, zeros, bits=4, group_size=group, sym=sym)
-
-
 @pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
 def test_q4_layout_is_lossless_and_the_kernel_dequantises_inside_the_sum(sym):
-    qw = _random_q4(48, 96, 32, sym)
+    qw = random_q4_weight(48, 96, 32, sym)
     packed = pack_q4(qw)
     assert packed["q4_codes"].dtype == np.uint32 and packed["q4_codes"].shape == (48, 12)
     assert packed["q4_scales"].dtype == np.float16  # fp16-exact scales stay fp16
@@ -108,7 +100,7 @@ def test_q4_layout_is_lossless_and_the_kernel_dequantises_inside_the_sum(sym):
 
 
 def test_scales_not_exact_in_fp16_are_kept_in_fp32():
-    qw = _random_q4(8, 32, 32, True)
+    qw = random_q4_weight(8, 32, 32, True)
     qw = QuantizedWeight(qw.codes, qw.scales + 1e-6, qw.zeros, bits=4, group_size=32, sym=True)
     packed = pack_q4(qw)
     assert packed["q4_scales"].dtype == np.float32
