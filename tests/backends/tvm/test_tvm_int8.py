@@ -102,8 +102,8 @@ def test_supported_only_for_x86_and_whole_blocks():
 def test_decode_activations_option_is_checked():
     from arkinfer.backends.tvm.artifact import decode_int8
 
-    assert decode_int8({}) and decode_int8({"decode_activations": "int8"})
-    assert not decode_int8({"decode_activations": "f32"})
+    assert decode_int8({"decode_activations": "int8"})
+    assert not decode_int8({}) and not decode_int8({"decode_activations": "f32"})
     with pytest.raises(ArkError, match="decode_activations='int4'") as exc:
         decode_int8({"decode_activations": "int4"})
     assert "f32" in exc.value.hint
