@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 
 from machine import machine_info
-from runner_timers import runner_timers
+from runner_timers import interleaved_rates, rate_rows, runner_timers
 
 N_PROMPT, N_GEN = 512, 128
 
@@ -113,25 +112,12 @@ def main() -> None:
                 pp(), tg()
             else:
                 pp(16), tg(4)
-        samples = {name: {"pp512": [], "tg128": []} for name in runs}
-        for i in range(args.repetitions):
-            for name, (pp, tg) in runs.items():
-                samples[name]["pp512"].append(N_PROMPT / pp())
-                samples[name]["tg128"].append(N_GEN / tg())
-            print(f"rep {i + 1}: " + " | ".join(
-                f"{name} pp {s['pp512'][-1]:.2f} tg {s['tg128'][-1]:.2f}"
-                for name, s in samples.items()), flush=True)
+        samples = interleaved_rates(runs, args.repetitions, N_PROMPT, N_GEN)
     load_after = list(os.getloadavg())
-    rows = []
-    for test in ("pp512", "tg128"):
-        row = {"test": test}
-        for name, s in samples.items():
-            row[f"{name}_ts"] = statistics.fmean(s[test])
-            row[f"{name}_stddev"] = statistics.stdev(s[test]) if len(s[test]) > 1 else 0.0
-            row[f"{name}_samples"] = s[test]
+    rows = rate_rows(samples)
+    for row in rows:
         row["ratio_arkinfer_over_mlx_lm"] = row["arkinfer_mlx_ts"] / row["mlx_lm_ts"]
         row["meets_0_9x"] = row["ratio_arkinfer_over_mlx_lm"] >= 0.9
-        rows.append(row)
     print("| test | ArkInfer MLX t/s | mlx-lm t/s | ratio | llama.cpp Q4_0 t/s |")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from machine import machine_info
-from runner_timers import runner_timers
+from runner_timers import interleaved_rates, rate_rows, runner_timers
 
 
 def build_tvm_artifact(work: Path) -> Path:
@@ -70,7 +69,6 @@ def main() -> None:
 
     threads = torch.get_num_threads()
     load_before = list(os.getloadavg())
-    pp_name, tg_name = f"pp{args.prompt}", f"tg{args.gen}"
     with tempfile.TemporaryDirectory() as tmp:
         artifact = args.artifact or build_tvm_artifact(Path(tmp))
         tokens = load_tokenizer(artifact).encode(EVAL_TEXT.read_text(encoding="utf-8"),
@@ -84,27 +82,15 @@ def main() -> None:
             runs["llama_cpp_q4_0"] = direct_times(gguf, tokens, args.prompt, args.gen, threads)
         for pp, tg in runs.values():  # warm-up
             pp(), tg()
-        samples = {name: {pp_name: [], tg_name: []} for name in runs}
-        for i in range(args.repetitions):
-            for name, (pp, tg) in runs.items():
-                samples[name][pp_name].append(args.prompt / pp())
-                samples[name][tg_name].append(args.gen / tg())
-            print(f"rep {i + 1}: " + " | ".join(
-                f"{name} pp {s[pp_name][-1]:.2f} tg {s[tg_name][-1]:.2f}"
-                for name, s in samples.items()), flush=True)
+        samples = interleaved_rates(runs, args.repetitions, args.prompt, args.gen,
+                                    (f"pp{args.prompt}", f"tg{args.gen}"))
         info = json.loads((artifact / "tvm_module.json").read_text())
     load_after = list(os.getloadavg())
-    rows = []
-    for test in (pp_name, tg_name):
-        row = {"test": test}
-        for name, s in samples.items():
-            row[f"{name}_ts"] = statistics.fmean(s[test])
-            row[f"{name}_stddev"] = statistics.stdev(s[test]) if len(s[test]) > 1 else 0.0
-            row[f"{name}_samples"] = s[test]
+    rows = rate_rows(samples)
+    for row in rows:
         if "llama_cpp_q4_0_ts" in row:
             row["ratio_tvm_over_llama_cpp"] = row["arkinfer_tvm_ts"] / row["llama_cpp_q4_0_ts"]
             row["within_2x"] = row["ratio_tvm_over_llama_cpp"] >= 0.5
-        rows.append(row)
     print("| test | ArkInfer TVM (llvm) t/s | llama.cpp Q4_0 t/s | ratio |")
     print("|---|---|---|---|")
     for r in rows:

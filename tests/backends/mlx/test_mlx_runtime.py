@@ -33,6 +33,7 @@ from arkinfer.generate import perplexity  # noqa: E402
 from arkinfer.ops.infllmv2 import compress_keys  # noqa: E402
 from arkinfer.pipeline.reference_runner import ReferenceRunner  # noqa: E402
 from arkinfer.pipeline.verify import parity_metrics, verification_prompts  # noqa: E402
+from arkinfer.testing.runners import greedy_tokens  # noqa: E402
 
 EVAL_TEXT = Path(__file__).resolve().parents[3] / "arkinfer" / "data" / "corpus_eval.txt"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
@@ -85,15 +86,6 @@ def random_ids(vocab: int, n: int, seed: int = 0) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def greedy(runner, prompt: list[int], n: int) -> list[int]:
-    runner.reset()
-    logits, out = runner.prefill(prompt), []
-    for _ in range(n):
-        out.append(int(logits.argmax()))
-        logits = runner.decode(out[-1])
-    return out
-
-
 @pytest.fixture(scope="module")
 def demo_q4(tmp_path_factory) -> Path:
     return mlx_folder(demo_model_path(), tmp_path_factory.mktemp("mlx") / "demo-q4")
@@ -128,7 +120,7 @@ def test_demo_past_dense_len_same_tokens_as_reference(demo_runner, demo_q4):
     prompt, then 40 greedy tokens; decoding crosses dense_len (one-time compression)."""
     reference = ReferenceRunner(reference_folder(demo_q4))
     prompt = eval_ids(demo_runner, 1000)
-    assert greedy(demo_runner, prompt, 40) == greedy(reference, prompt, 40)
+    assert greedy_tokens(demo_runner, prompt, 40) == greedy_tokens(reference, prompt, 40)
     assert demo_runner.cache[0].infllm.length == 1040
 
 
@@ -151,7 +143,7 @@ def test_sparse_minicpm_past_dense_len_same_tokens_as_reference(sparse_folder):
     runner = load_runner(sparse_folder, {})
     reference = ReferenceRunner(reference_folder(sparse_folder))
     prompt = random_ids(runner.vocab_size, 140, seed=1)
-    assert greedy(runner, prompt, 40) == greedy(reference, prompt, 40)
+    assert greedy_tokens(runner, prompt, 40) == greedy_tokens(reference, prompt, 40)
     layer = runner.cache[1]
     assert layer.length == 180 and layer.infllm is not None and layer.infllm.length == 180
     k, _ = layer.filled()
@@ -192,7 +184,7 @@ def test_architectures_match_reference(tiny_checkpoint, tmp_path, model_type, ov
     ours, theirs = runner.window_logits(ids), reference.window_logits(ids)
     assert float((ours.argmax(-1) == theirs.argmax(-1)).float().mean()) >= 0.99
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-3)
-    assert greedy(runner, ids[:140], 20) == greedy(reference, ids[:140], 20)
+    assert greedy_tokens(runner, ids[:140], 20) == greedy_tokens(reference, ids[:140], 20)
 
 
 def test_quantised_embedding_is_read(tiny_checkpoint, tmp_path):
@@ -284,7 +276,7 @@ def test_smollm2_greedy_and_perplexity_equal_mlx_lm(smollm2_q4):
                  "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n"):
         prompt = runner.tokenize(text)
         theirs = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=32)]
-        assert greedy(runner, prompt, 32) == theirs, text
+        assert greedy_tokens(runner, prompt, 32) == theirs, text
 
     def mlx_lm_logits(window: list[int]) -> torch.Tensor:
         return torch.from_numpy(np.array(model(mx.array([window]))[0].astype(mx.float32)))

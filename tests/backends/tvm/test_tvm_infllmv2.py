@@ -18,6 +18,7 @@ if not BACKEND.available():
     pytest.skip(f"tvm is not installed: {BACKEND.install_hint()}", allow_module_level=True)
 
 from arkinfer.pipeline.reference_runner import ReferenceRunner  # noqa: E402
+from arkinfer.testing.runners import greedy_tokens  # noqa: E402
 
 # Blocks of 16, budget 6 blocks (96 keys), dense below 150 tokens: a tiny model runs sparse
 # within 200 tokens (the config the MLX runtime tests use).
@@ -45,15 +46,6 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _greedy(runner, prompt: list[int], n: int) -> list[int]:
-    runner.reset()
-    logits, out = runner.prefill(prompt), []
-    for _ in range(n):
-        out.append(int(logits.argmax()))
-        logits = runner.decode(out[-1])
-    return out
-
-
 def test_decode_past_dense_len_gives_the_reference_tokens(sparse_model):
     """Prompt of 140 tokens (dense), 40 greedy tokens: decoding crosses dense_len=150 and runs
     InfLLM v2 (6 of up to 12 blocks) in the module; the tokens are the reference model's."""
@@ -61,7 +53,7 @@ def test_decode_past_dense_len_gives_the_reference_tokens(sparse_model):
     runner = BACKEND.load(out)
     assert runner.fixed_attention is None  # the module runs InfLLM v2 itself
     prompt = _ids(140, seed=1)
-    assert _greedy(runner, prompt, 40) == _greedy(ReferenceRunner(src), prompt, 40)
+    assert greedy_tokens(runner, prompt, 40) == greedy_tokens(ReferenceRunner(src), prompt, 40)
     info = json.loads((out / "tvm_module.json").read_text())
     assert info["ops"]["attention"].startswith("InfLLM v2 (TVM TIR)")
     assert info["cache"]["dense_len"] == 150
