@@ -250,6 +250,32 @@ class GPTQCalibrator(BlockCalibrator):
                              act_order=c.act_order, static_groups=c.static_groups, damp=c.damp,
                              block_size=c.block_size, scale_dtype=ctx.scale_dtype, name=name)
 
+    def _quantize_sharing(self, runner: BlockRunner, names: list[str], h: Tensor,
+                          ctx: CalibContext) -> list[tuple[str, GPTQResult]]:
+        """GPTQ of the linears `names`, which share one input and so one Hessian (q/k/v,
+        gate/up). GPTQ treats every output row alone given H (the permutation, damping and
+        inverse Cholesky come from H; group parameters and error updates are per row), so they
+        run as ONE stacked [sum of outs, in] weight: one factorisation and one column loop
+        instead of one per linear, then split back by rows."""
+        weights = [runner.weight(n) for n in names]
+        if len(names) == 1:
+            return [(names[0], self._quantize(weights[0], h, runner.full(names[0]), ctx))]
+        stacked = self._quantize(torch.cat(weights), h,
+                                 " + ".join(runner.full(n) for n in names), ctx)
+        qw, out, r0 = stacked.weight, [], 0
+        for name, w in zip(names, weights):
+            r1 = r0 + w.shape[0]
+            # own copies: the formats save each linear's tensors apart (safetensors refuses
+            # tensors that share memory)
+            part = QuantizedWeight(qw.codes[r0:r1].clone(), qw.scales[r0:r1].clone(),
+                                   qw.zeros[r0:r1].clone(), qw.bits, qw.group_size, qw.sym,
+                                   g_idx=None if qw.g_idx is None else qw.g_idx.clone(),
+                                   kind=qw.kind, name=runner.full(name))
+            out.append((name, GPTQResult(part, stacked.damp, stacked.dead_columns,
+                                         stacked.loss)))
+            r0 = r1
+        return out
+
     @torch.no_grad()
     def quantize_block(self, runner: BlockRunner, ctx: CalibContext) -> BlockResult:
         result = BlockResult()
@@ -273,8 +299,7 @@ class GPTQCalibrator(BlockCalibrator):
                                        prefix_cap=self.config.prefix_cap)
             for names in todo:
                 h = accs.pop(names[0] if seq is None else groups[0][0]).hessian(release=True)
-                for name in names:
-                    res = self._quantize(runner.weight(name), h, runner.full(name), ctx)
+                for name, res in self._quantize_sharing(runner, names, h, ctx):
                     self.accept(runner, name, res.weight, ctx, result, h,
                                 extra={"damp": res.damp, "dead_columns": res.dead_columns})
         if seq is not None:

@@ -45,6 +45,27 @@ def prefix_split(mask: torch.Tensor, skip: int) -> tuple[torch.Tensor, torch.Ten
     return body, mask.to(torch.bool) & ~body
 
 
+GRAM_BAND = 256  # rows of xᵀx computed per matmul (a band and everything right of it)
+
+
+def gram(x: torch.Tensor) -> torch.Tensor:
+    """xᵀx float32 [in, in] for x [N, in] from its upper triangle only: for each band of
+    GRAM_BAND rows, one matmul `x[:, band]ᵀ x[:, band_start:]`, mirrored below the diagonal.
+    (k+1)/2k of the full product's flops for k bands (58 % for 1536 inputs, 75 % for 576);
+    the result is exactly symmetric."""
+    n = x.shape[1]
+    bands = max(1, n // GRAM_BAND)
+    if bands == 1:
+        return x.T @ x
+    out = torch.empty(n, n, dtype=x.dtype)
+    edges = [n * i // bands for i in range(bands + 1)]
+    for a0, a1 in zip(edges[:-1], edges[1:]):
+        band = x[:, a0:a1].T @ x[:, a0:]          # [a1 - a0, n - a0]
+        out[a0:a1, a0:] = band
+        out[a1:, a0:a1] = band[:, a1 - a0:].T
+    return out
+
+
 class HessianAccumulator:
     """Running `Σ x xᵀ` (float64) and token count for one linear layer's input; with
     `prefix_cap` (P-GPTQ) also the prefix tokens, kept aside [n, in] float32 until `hessian()`."""
@@ -71,7 +92,7 @@ class HessianAccumulator:
             flat = flat[keep.reshape(-1).to(torch.bool)]
         if flat.shape[0] == 0:
             return
-        self.sum.add_(flat.T @ flat)  # float32 product, accumulated in float64 without a copy
+        self.sum.add_(gram(flat))  # float32 product, accumulated in float64 without a copy
         self.count += int(flat.shape[0])
 
     def add_prefix(self, x: torch.Tensor, prefix: torch.Tensor) -> None:

@@ -125,3 +125,19 @@ def test_damping_retry_on_singular_hessian():
     res = gptq_quantize(w, H, bits=4, group_size=32, damp=0.0)
     assert res.damp > 0.0
     assert torch.isfinite(res.weight.dequantize()).all()
+
+
+@pytest.mark.parametrize("act_order", [False, True], ids=["natural", "act-order"])
+def test_stacked_linears_sharing_a_hessian_equal_each_alone(act_order):
+    """GPTQ handles every output row alone given H, so q/k/v (or gate/up) quantised as one
+    stacked weight (what GPTQCalibrator does: one factorisation, one column loop) give exactly
+    the codes and scales of each linear quantised by itself."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 256, generator=g)
+    h = 2 * x.T @ x / 2048
+    weights = [torch.randn(rows, 256, generator=g) for rows in (256, 64, 64)]
+    alone = [gptq_quantize(w, h, group_size=32, act_order=act_order).weight for w in weights]
+    stacked = gptq_quantize(torch.cat(weights), h, group_size=32, act_order=act_order).weight
+    assert torch.equal(stacked.codes, torch.cat([a.codes for a in alone]))
+    assert torch.equal(stacked.scales, torch.cat([a.scales for a in alone]))
+    assert torch.equal(stacked.zeros, torch.cat([a.zeros for a in alone]))

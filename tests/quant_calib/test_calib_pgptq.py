@@ -177,3 +177,16 @@ def test_pgptq_keeps_the_sink_token_and_helps_ordinary_tokens(act_order, seed):
     assert c_sink < 1.05 * g_sink and c_sink < 0.9 * rtn_sink
     assert c_ord < 0.98 * g_ord
     assert d_sink > 1.05 * g_sink  # the literal "drop the prefix" rule: the sink pays
+
+
+@pytest.mark.parametrize("features", [100, 576, 1536])
+def test_gram_from_the_upper_triangle_equals_the_full_product(features):
+    """hessian.gram computes xᵀx band by band above the diagonal and mirrors it: the same values
+    as the full float32 product (within float32 rounding of a differently split matmul), and
+    exactly symmetric."""
+    from arkinfer.quant.calib.hessian import gram
+
+    x = torch.randn(700, features, generator=torch.Generator().manual_seed(features))
+    got = gram(x)
+    assert torch.equal(got, got.T)
+    torch.testing.assert_close(got, x.T @ x, rtol=1e-5, atol=1e-3)
