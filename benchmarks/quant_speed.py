@@ -10,7 +10,9 @@ For every row: seconds per block and in total, and the time, FLOP count and FLOP
 phase, with the rate as a fraction of the sgemm rate measured at the start of the run:
 - forward: calibration forwards of the block (linears counted exactly through
   `torch.nn.functional.linear`; attention as 2·2·b·Hq·T²/2·D per `attend` call);
-- hessian: `HessianAccumulator.add` / `.hessian` (2·tokens·in² per add);
+- hessian: `HessianAccumulator.add` / `.hessian` (2·tokens·in² per add: the full product's
+  flops; `hessian.gram` computes only (k+1)/2k of them in k bands of 256 inputs, so its rate is
+  an effective one and its fraction of sgemm may pass 1);
 - solve: `gptq_quantize` (≈ 2·out·in² column updates + 2·in³ Cholesky / inverse);
   awq_search: AWQ's scale and clip searches (their own forwards are counted under forward);
 - report: the per-linear and per-block SNR; io: reading the block, writing the work files.
