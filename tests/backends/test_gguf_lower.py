@@ -296,3 +296,24 @@ def test_refusals_name_the_problem(checkpoint, tmp_path):
     qdir = quantise(folder, QuantRecipe("rtn", "gptq", 4, 128), tmp_path / "gptq")
     with pytest.raises(ArkError, match="'gptq' format, which GGUF cannot hold"):
         lower(qdir, tmp_path / "c", gptq, source=folder)
+
+
+def test_llama_logs_show_warnings_and_errors_but_not_the_compute_buffer_note(capfd):
+    """The runner's llama.cpp log callback (ggml's levels: WARN 3, ERROR 4, CONT 5) prints
+    warnings and errors, continues the line it printed, and drops info and the compute-buffer
+    size note llama.cpp prints when an InfLLM v2 context is freed."""
+    import llama_cpp
+
+    from arkinfer.backends.gguf import runner as gguf_runner
+
+    gguf_runner.quiet_llama_logs(llama_cpp)
+    log = gguf_runner._LOG_STATE["callback"]
+    log(3, b"graph_infllm: running DENSE attention\n", None)
+    log(4, b"failed to decode", None)
+    log(5, b" (continued)\n", None)
+    log(2, b"model loaded\n", None)
+    log(3, b"~llama_context: CPU compute buffer size of 14 MiB, does not match expectation of 7 MiB\n",
+        None)
+    log(5, b" (continued)\n", None)
+    err = capfd.readouterr().err
+    assert err == "graph_infllm: running DENSE attention\nfailed to decode (continued)\n"
