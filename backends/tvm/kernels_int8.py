@@ -38,7 +38,7 @@ BLOCK = 32  # activation values per int8 scale; one packed 16-byte run of codes
 def supported(target: Target, k: int, group: int) -> bool:
     """True when this int8 path can build for `target` (x86-64 llvm: SSSE3 and SSE2) and a
     [., K] weight with `group`-column scales (K and the group multiples of 32)."""
-    triple = str(target.attrs.get("mtriple", "")) if "mtriple" in target.attrs else ""
+    triple = str(target.attrs.get("mtriple", ""))
     x86 = target.kind.name == "llvm" and (not triple or triple.startswith("x86_64"))
     return x86 and k % BLOCK == 0 and group % BLOCK == 0
 

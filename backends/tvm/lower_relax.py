@@ -127,24 +127,21 @@ class _Entry:
         codes, scales, zeros = q4_names(name)
         bias = self.p(n.attrs.get("bias"))
         if codes in self.params:
-            if self.int8_ready(x, self.p(codes), self.p(scales)):
-                return self.linear_q4_int8(x, self.p(codes), self.p(scales),
-                                           self.params.get(zeros), bias)
+            if self.int8_ready(x, self.p(scales)):
+                return k8.emit_linear_q4_int8(self.bb, x, self.p(codes), self.p(scales),
+                                              self.params.get(zeros), bias, self.funcs)
             return self.bb.emit_te(kl.linear_q4, x, self.p(codes), self.p(scales),
                                    self.params.get(zeros), bias, primfunc_name_hint="q4_linear")
         return self.bb.emit_te(kl.linear_f32, x, self.p(name), bias, primfunc_name_hint="linear")
 
-    def int8_ready(self, x, codes, scales) -> bool:
+    def int8_ready(self, x, scales) -> bool:
         """One activation row (decode: static [1, 1, K]) and a host target the int8 path serves."""
-        shape = [d for d in x.ty.shape]
+        shape = list(x.ty.shape)
         if self.int8_target is None or not all(isinstance(d, tir.IntImm) for d in shape):
             return False
         k = int(shape[-1])
         group = k // int(scales.ty.shape[1])
         return [int(d) for d in shape[:-1]] == [1, 1] and k8.supported(self.int8_target, k, group)
-
-    def linear_q4_int8(self, x, codes, scales, zeros, bias):
-        return k8.emit_linear_q4_int8(self.bb, x, codes, scales, zeros, bias, self.funcs)
 
     def rope_table(self, n: Node, x, positions):
         return self.bb.emit_te(ka.rope_table, x, positions, self.p(n.attrs["table"]),
