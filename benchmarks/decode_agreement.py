@@ -2,9 +2,10 @@
 quantised weights (what verify's fidelity gate measures on prefill, here one token at a time).
 
 A runtime may decode through other kernels than it prefills with: the tvm host build's decode
-takes int8 activations (kernels_int8.py), as llama.cpp does for every quantised matmul. This
-feeds the same text to both (teacher forcing: prefill 8 tokens, then decode each next token of
-the text) and reports top-1 agreement and |logit| differences per step.
+takes int16 (default) or int8 activations (kernels_qact.py), as llama.cpp takes int8 for every
+quantised matmul. This feeds the same text to both (teacher forcing: prefill 8 tokens, then
+decode each next token of the text) and reports top-1 agreement and |logit| differences per
+step.
 
     .venv/bin/python benchmarks/decode_agreement.py ARTIFACT [ARTIFACT ...] [--json OUT]
 """

@@ -43,7 +43,14 @@ SCHEMA = 1
 
 FLOAT_WEIGHTS = {"f16": np.float16, "f32": np.float32}
 OPTIONS = ("devices", "float_weights", "decode_activations")
-DECODE_ACTIVATIONS = ("f32", "int8")   # the first is the default
+DECODE_ACTIVATIONS = ("int16", "int8", "f32")   # the first is the default
+DECODE_SCHEDULES = {   # the host schedule note of each, for tvm_module.json
+    "int16": "; decode's 4-bit linears with int16 activations (kernels_qact: pmovzxbw / pmaddwd, "
+             "one expression per row)",
+    "int8": "; decode's 4-bit linears with int8 activations (kernels_qact: pmaddubsw / pmaddwd, "
+            "one expression per row)",
+    "f32": "; decode's 4-bit linears in fp32 with the scales outside the sum (kernels_gemv: "
+           "pmovzxbd / cvtdq2ps / FMA, one expression per row)"}
 
 
 def device_variants(options: dict[str, str]) -> tuple[str, ...]:
@@ -66,19 +73,21 @@ def float_weights(options: dict[str, str]):
     return FLOAT_WEIGHTS[value]
 
 
-def decode_int8(options: dict[str, str]) -> bool:
-    """`--option decode_activations=f32|int8`: the host build's decode 4-bit linears take the
-    activation in fp32 (default: every entry matches the reference within fp32 rounding, which
-    verify's fidelity gate assumes) or rounded to int8 per 32 values (kernels_int8.py, llama.cpp's
-    Q4_0 x Q8_0 arithmetic: ~1.8x faster decode on x86, decode top-1 vs the reference ~0.93 as
-    llama.cpp's ~0.95). Device builds are fp32 either way."""
+def decode_activations(options: dict[str, str]) -> str:
+    """`--option decode_activations=int16|int8|f32`: how the host build's decode 4-bit linears
+    take the activation (lower_relax.HostDecode). int16 (default): rounded to int16 per 32
+    values (kernels_qact.py; 1 part in 65534 of the block's largest value, finer than fp16),
+    integer SIMD, ~1.7x the fp32 kernel's speed on x86. int8: llama.cpp's Q4_0 x Q8_0 rounding,
+    ~2.2x, with llama.cpp's loss of decode agreement. f32: fp32 activations (kernels_gemv.py).
+    Prefill and the device builds are fp32 either way. Decode top-1 vs the reference for each:
+    benchmarks/decode_agreement.py."""
     value = options.get("decode_activations", DECODE_ACTIVATIONS[0])
     if value not in DECODE_ACTIVATIONS:
         raise ArkError(f"--option decode_activations={value!r}; allowed "
                        f"{', '.join(DECODE_ACTIVATIONS)}",
-                       hint="f32 (default) keeps fp32 activations; int8 decodes ~1.8x faster "
-                            "on x86 with llama.cpp's 8-bit activation rounding")
-    return value == "int8"
+                       hint="int16 (default) matches fp32 decode to ~1e-5; int8 decodes faster "
+                            "with llama.cpp's 8-bit activation rounding; f32 keeps fp32")
+    return value
 
 
 def _program(request: LowerRequest, passes: tuple[str, ...]) -> Any:
@@ -88,15 +97,15 @@ def _program(request: LowerRequest, passes: tuple[str, ...]) -> Any:
     return ir.run_passes(program, passes)
 
 
-def notes_for(variants: tuple[str, ...], decode_int8: bool = False) -> list[str]:
+def notes_for(variants: tuple[str, ...], activations: str = DECODE_ACTIVATIONS[0]) -> list[str]:
     """What is and is not verified on this machine (the manifest keeps them)."""
     notes = ["verified here: the host (llvm) build of the same Relax module, against ArkInfer's "
              "reference model (verify) and the IR interpreter (tests)"]
-    if decode_int8:
-        notes.append("host decode: the 4-bit linears take the activation rounded to int8 per 32 "
-                     "values (--option decode_activations=int8, as llama.cpp's CPU path); "
-                     "verify's fidelity runs prefill, which stays fp32; measure decode with "
-                     "benchmarks/decode_agreement.py")
+    if activations != "f32":
+        notes.append(f"host decode: the 4-bit linears take the activation rounded to "
+                     f"{activations} per 32 values (--option decode_activations={activations}); "
+                     "prefill stays fp32 (what verify's fidelity gate runs); decode top-1 vs the "
+                     "reference: benchmarks/decode_agreement.py")
     if variants:
         notes.append(f"device builds ({', '.join(variants)}: OpenCL + aarch64-linux-android host) "
                      "are compiled here but not run on a phone: no Android device on this machine")
@@ -106,7 +115,7 @@ def notes_for(variants: tuple[str, ...], decode_int8: bool = False) -> list[str]
 
 
 def write(b: Build, out: Path, source_dir: Path, layers: dict[str, str],
-          decode_int8: bool = False) -> list[str]:
+          activations: str = DECODE_ACTIVATIONS[0]) -> list[str]:
     """The artifact's files from a Build; returns their artifact-relative paths."""
     files = [HOST_LIB, PARAMS_FILE, MODULE_FILE]
     (out / "host").mkdir(parents=True, exist_ok=True)
@@ -129,10 +138,9 @@ def write(b: Build, out: Path, source_dir: Path, layers: dict[str, str],
     info = {"schema": SCHEMA, **b.signature.to_json(),
             "host": {"library": HOST_LIB, "target": json.loads(str(b.host_target))},
             "devices": devices, "params_file": PARAMS_FILE,
-            "decode_activations": "int8" if decode_int8 else "f32",
+            "decode_activations": activations,
             "schedules": {"host": "relax CPU default pipeline + dlight with " + SCHEDULE_NOTE
-                          + ("; decode's 4-bit linears with int8 activations (kernels_int8: "
-                             "pmaddubsw / pmaddwd, one expression per row)" if decode_int8 else ""),
+                          + DECODE_SCHEDULES[activations],
                           "adreno": "relax adreno default pipeline: dlight Reduction, "
                                     "GeneralReduction, Fallback",
                           "mali": "relax gpu_generic default pipeline: dlight Matmul, GEMV, "
@@ -149,13 +157,13 @@ def write(b: Build, out: Path, source_dir: Path, layers: dict[str, str],
 def lower(request: LowerRequest, passes: tuple[str, ...]) -> LowerResult:
     variants = device_variants(request.options)
     float_dtype = float_weights(request.options)
-    int8 = decode_int8(request.options)
+    activations = decode_activations(request.options)
     program = _program(request, passes)
     request.progress(f"pack weights (q4 + {np.dtype(float_dtype).name} float matrices)")
     params, layers = program_params(program, SourceWeights(request.model_dir), float_dtype)
     request.progress(f"compile llvm + {', '.join(variants) or 'no device'}")
-    b = build(program, params, devices=variants, decode_int8=int8)
-    files = write(b, request.out_dir, Path(request.source_dir), layers, int8)
+    b = build(program, params, devices=variants, decode_activations=activations)
+    files = write(b, request.out_dir, Path(request.source_dir), layers, activations)
     return LowerResult(files=files, ops=dict(b.signature.ops),
                        toolchain={"apache-tvm": metadata.version("apache-tvm")},
-                       notes=notes_for(variants, int8), layers=layers)
+                       notes=notes_for(variants, activations), layers=layers)

@@ -31,7 +31,7 @@ from tvm.target import Target
 
 from arkinfer.errors import ArkError
 
-from .lower_relax import Signature, lower_program
+from .lower_relax import HostDecode, Signature, lower_program
 
 ANDROID_HOST: dict[str, Any] = {"kind": "llvm", "mtriple": "aarch64-linux-android"}
 # OpenCL GPUs of Android phones; the key is the artifact's device/<variant>.tar name.
@@ -142,15 +142,16 @@ def opencl_source(executable: relax.VMExecutable) -> str:
 
 def build(program: Any, params: dict[str, np.ndarray], *, host: bool = True,
           devices: tuple[str, ...] = ("adreno", "mali"),
-          device_host: dict[str, Any] | None = None, decode_int8: bool = False) -> Build:
+          device_host: dict[str, Any] | None = None, decode_activations: str = "int16") -> Build:
     """Lower `program`, compile it for this machine and for each device variant.
-    decode_int8: the host build's decode 4-bit linears take int8 activations (kernels_int8.py;
-    lowered a second time for the host); the device builds stay fp32."""
+    The host module is lowered on its own (HostDecode: decode's 4-bit linears as hand-built
+    GEMVs taking `decode_activations` "int16" / "int8" (kernels_qact.py) or "f32"
+    (kernels_gemv.py)); the device builds compile the portable module (fp32 TE linears, dlight)."""
     mod, sig = lower_program(program, params)
     out = Build(mod, sig, params)
     if host:
         out.host_target = host_target()
-        host_mod = lower_program(program, params, out.host_target)[0] if decode_int8 else mod
+        host_mod = lower_program(program, params, HostDecode(out.host_target, decode_activations))[0]
         out.host_exec = finish(schedule(host_mod, out.host_target), out.host_target)
     for variant in devices:
         target = device_target(variant, device_host)

@@ -18,6 +18,7 @@ The KV cache is functional, as in the IR: `concat(cache, new)`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,9 +38,10 @@ from arkinfer.ir.types import DType
 from arkinfer.ops.infllmv2.config import SparseConfig
 
 from . import kernels_attention as ka
-from . import kernels_int8 as k8
+from . import kernels_gemv as kg
 from . import kernels_linear as kl
 from . import kernels_norm as kn
+from . import kernels_qact as qa
 from .infllmv2 import emit_infllmv2
 from .weights import q4_names
 
@@ -82,16 +84,27 @@ class Signature:
                    dict(data.get("ops", {})), dict(data["cache"]), int(data["vocab_size"]))
 
 
+@dataclass(frozen=True)
+class HostDecode:
+    """How a host (llvm) module computes decode's 4-bit linears: `target` is the llvm target;
+    `activations` "int16" / "int8": rounded per 32 values (kernels_qact.py, x86 only; other
+    hosts fall back to fp32), "f32": fp32 (kernels_gemv.py)."""
+
+    target: Target
+    activations: str = "int16"
+
+
 class _Entry:
     """Lowers one graph inside an open BlockBuilder dataflow block."""
 
     def __init__(self, bb: relax.BlockBuilder, program: Program, graph: Graph,
                  params: dict[str, relax.Var], env: dict[str, Any],
-                 int8_target: Target | None = None, funcs: dict | None = None) -> None:
+                 host: HostDecode | None = None, funcs: dict | None = None) -> None:
         self.bb, self.program, self.graph, self.params, self.env = bb, program, graph, params, env
         self.types = graph.types()
-        self.int8_target = int8_target   # decode's q4 linears with int8 activations (kernels_int8)
-        self.funcs = {} if funcs is None else funcs   # the module's int8 PrimFuncs, by shape
+        self.host = host   # None: a device module (TE linears only, scheduled by dlight)
+        self.funcs = {} if funcs is None else funcs   # the module's hand-built GEMVs, by shape
+        self.prepared: dict = {}   # decode activations prepared for the GEMVs, by (x, kind)
         self.kv_len: tir.Var | None = None  # the key count as a plain variable (plain_length)
 
     def dim(self, d: Any):
@@ -127,21 +140,28 @@ class _Entry:
         codes, scales, zeros = q4_names(name)
         bias = self.p(n.attrs.get("bias"))
         if codes in self.params:
-            if self.int8_ready(x, self.p(scales)):
-                return k8.emit_linear_q4_int8(self.bb, x, self.p(codes), self.p(scales),
-                                              self.params.get(zeros), bias, self.funcs)
+            gemv = self.decode_gemv(x, self.p(scales))
+            if gemv is not None:
+                return gemv(self.bb, x, self.p(codes), self.p(scales), self.params.get(zeros),
+                            bias, self.funcs, self.prepared)
             return self.bb.emit_te(kl.linear_q4, x, self.p(codes), self.p(scales),
                                    self.params.get(zeros), bias, primfunc_name_hint="q4_linear")
         return self.bb.emit_te(kl.linear_f32, x, self.p(name), bias, primfunc_name_hint="linear")
 
-    def int8_ready(self, x, scales) -> bool:
-        """One activation row (decode: static [1, 1, K]) and a host target the int8 path serves."""
+    def decode_gemv(self, x, scales):
+        """The hand-built GEMV emitter for a decode row (static [1, 1, K]) of a host module:
+        kernels_qact's when the build asked for int16 / int8 activations and the target has it,
+        else kernels_gemv's fp32 one; None (the TE reduction) for prefill, devices, odd shapes."""
         shape = list(x.ty.shape)
-        if self.int8_target is None or not all(isinstance(d, tir.IntImm) for d in shape):
-            return False
+        if self.host is None or not all(isinstance(d, tir.IntImm) for d in shape) or \
+                [int(d) for d in shape[:-1]] != [1, 1]:
+            return None
         k = int(shape[-1])
         group = k // int(scales.ty.shape[1])
-        return [int(d) for d in shape[:-1]] == [1, 1] and k8.supported(self.int8_target, k, group)
+        if self.host.activations != "f32" and qa.supported(self.host.target, k, group):
+            return functools.partial(qa.emit_linear_q4_qact,
+                                     bits=int(self.host.activations.removeprefix("int")))
+        return kg.emit_linear_q4_f32 if kg.supported(k, group) else None
 
     def rope_table(self, n: Node, x, positions):
         return self.bb.emit_te(ka.rope_table, x, positions, self.p(n.attrs["table"]),
@@ -161,8 +181,11 @@ class _Entry:
             length = self.kv_len if self.kv_len is not None else \
                 self.dim(self.types[n.inputs[1]].shape[2])
             group = int(self.types[n.inputs[0]].shape[1]) // int(self.types[n.inputs[1]].shape[1])
+            t_new = q.ty.shape[2]
+            one_query = isinstance(t_new, tir.IntImm) and int(t_new) == 1
             out, *_ = emit_infllmv2(self.bb, q, k, v, group, cfg, float(n.attrs["scale"]),
-                                    length, cfg.dense_len)
+                                    length, cfg.dense_len, gather=self.host is not None
+                                    and one_query)
             return relax.op.reshape(out, [self.dim(d) for d in n.type.shape])
         scores = self.bb.emit_te(ka.attention_scores, q, k, float(n.attrs["scale"]),
                                  primfunc_name_hint="attention_scores")
@@ -245,7 +268,8 @@ OP_IMPLEMENTATIONS = {
     "attention": "dense causal GQA (TE scores, masked softmax, mix; functional KV cache)",
 }
 SPARSE_ATTENTION = ("InfLLM v2 (TVM TIR): mean-pooled fine + coarse keys, stage-1 block scores, "
-                    "top-k rank, block-sparse masked softmax; dense below dense_len "
+                    "top-k rank, block-sparse masked softmax (host decode: a gather of the "
+                    "selected blocks, kernels_sparse_decode.py); dense below dense_len "
                     "(kernels_infllmv2.py)")
 
 
@@ -261,10 +285,10 @@ def uncovered_ops(program: Program) -> list[str]:
 
 
 def lower_program(program: Program, params: dict[str, np.ndarray],
-                  int8_target: Target | None = None) -> tuple[tvm.IRModule, Signature]:
+                  host: HostDecode | None = None) -> tuple[tvm.IRModule, Signature]:
     """The Relax module of every entry point of `program` over `params` (see module doc).
-    `int8_target`: the (x86 llvm) target whose decode 4-bit linears take int8 activations
-    (kernels_int8.py); None keeps every linear fp32."""
+    `host`: lower for an llvm CPU, decode's 4-bit linears as hand-built GEMVs (HostDecode);
+    None: the portable module the device builds schedule (TE linears throughout)."""
     missing = uncovered_ops(program)
     if missing:
         raise NotAvailableError(f"IR op(s) {', '.join(missing)} have no TVM lowering",
@@ -280,7 +304,7 @@ def lower_program(program: Program, params: dict[str, np.ndarray],
                            "head_dim": int(meta["head_dim"]), "max_len": int(meta["max_len"]),
                            "dense_len": int(sparse.get("dense_len", 8192)) if sparse else None},
                     vocab_size=int(meta["vocab_size"]))
-    int8_funcs: dict = {}
+    gemv_funcs: dict = {}
     for name, graph in program.entries.items():
         env: dict[str, Any] = {}
         inputs = []
@@ -296,7 +320,7 @@ def lower_program(program: Program, params: dict[str, np.ndarray],
         pvars = {p: relax.Var(p.replace(".", "_"), relax.TensorType(list(a.shape), str(a.dtype)))
                  for p, a in params.items()}
         with bb.function(name, [*inputs, *pvars.values()]):
-            entry = _Entry(bb, program, graph, pvars, env, int8_target, int8_funcs)
+            entry = _Entry(bb, program, graph, pvars, env, host, gemv_funcs)
             with bb.dataflow():
                 values: dict[str, relax.Expr] = dict(zip([i.name for i in graph.inputs], inputs))
                 for n in graph.nodes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,6 +57,8 @@ def test_decode_past_dense_len_gives_the_reference_tokens(sparse_model):
     assert greedy_tokens(runner, prompt, 40) == greedy_tokens(ReferenceRunner(src), prompt, 40)
     info = json.loads((out / "tvm_module.json").read_text())
     assert info["ops"]["attention"].startswith("InfLLM v2 (TVM TIR)")
+    # decode's stage 2 is the block gather (kernels_sparse_decode) in the host library
+    assert b"infllm_sparse_decode" in (out / info["host"]["library"]).read_bytes()
     assert info["cache"]["dense_len"] == 150
 
 
@@ -74,3 +77,36 @@ def test_sparse_prefill_matches_the_reference_and_differs_from_dense(sparse_mode
     assert float((want[-40:] - dense[-40:]).abs().max()) > 1e-3  # InfLLM v2 really ran
     chunk = runner._step(ids[190:], last_only=False)  # a prefill over a non-empty cache
     torch.testing.assert_close(chunk, reference.window_logits(ids)[190:], atol=5e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_decode_gather_equals_masked_dense_and_reads_only_selected_blocks(sparse):
+    """One decode query (T = 1): the host's block gather (InfLLMv2Module `decode`, the kernel the
+    model's host decode calls) equals the masked dense softmax (`main`) within fp32 summation
+    order. Sparse: V rows of blocks outside the selection set to NaN leave the gather's output
+    unchanged (they are never read), while the masked dense path turns NaN (0 * NaN)."""
+    from arkinfer.backends.tvm.infllmv2 import InfLLMv2Module
+    from arkinfer.ops.infllmv2.config import SparseConfig
+
+    cfg = SparseConfig.from_dict(SMALL_SPARSE)
+    hq, hkv, dim, length = 4, 2, 16, 203
+    module = InfLLMv2Module(hq, hkv, dim, cfg, scale=dim ** -0.5)
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal(s).astype(np.float32)
+               for s in ((1, hq, 1, dim), (1, hkv, length, dim), (1, hkv, length, dim)))
+    out, idx, *_ = module.run(q, k, v, sparse)
+    want, want_idx, *_ = module.run(q, k, v, sparse, gather=False)
+    np.testing.assert_array_equal(idx, want_idx)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    if not sparse:
+        return
+    blocks = -(-length // cfg.block_size)
+    poisoned = v.copy()
+    for h in range(hkv):
+        chosen = set(int(c) for c in idx[0, h, 0] if c >= 0)
+        assert 0 < len(chosen) < blocks
+        for c in set(range(blocks)) - chosen:
+            poisoned[0, h, c * cfg.block_size:(c + 1) * cfg.block_size] = np.nan
+    again, *_ = module.run(q, k, poisoned, sparse)
+    np.testing.assert_array_equal(again, out)
+    assert np.isnan(module.run(q, k, poisoned, sparse, gather=False)[0]).all()
