@@ -10,8 +10,10 @@ them), compiled for llvm and run through TVM's Relax VM.
   the whole cache, and the returned state holds the module's own compressed keys. A dense call
   returns the incoming state untouched, as the reference does.
 - Stage 2 is masked dense attention over the cache (O(T * S) scores), so queries run in chunks
-  of 1024 against the keys they can see (the reference chunks the same way); the dense/sparse
-  switch is decided once for the whole call. No torch-visible allocations, no stage-2-only entry.
+  of 1024 against the keys they can see (the reference chunks the same way); a single query
+  (decode) runs the host model module's block gather instead (kernels_sparse_decode.py, the
+  module's `decode` function). The dense/sparse switch is decided once for the whole call. No
+  torch-visible allocations, no stage-2-only entry.
 """
 
 
