@@ -18,6 +18,7 @@ ggml rounds with `roundf` (half away from zero) and computes `x * (1/d)`, not `x
 from __future__ import annotations
 
 from enum import IntEnum
+from pathlib import Path
 
 import numpy as np
 
@@ -144,6 +145,46 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return ((n.astype(np.uint64) + (0x7FFF + ((n >> 16) & 1))) >> 16).astype(np.uint16)
 
 
+_NATIVE: list = []   # [the loaded gguf_quant library or None], filled on first use
+
+
+def _native_library():
+    """gguf_quant.c compiled once per machine (arkinfer/native_build.py), or None where it
+    cannot be built or run (then the torch path below quantises)."""
+    if not _NATIVE:
+        import ctypes
+        import warnings
+
+        from arkinfer.native_build import FLAGS, NativeBuildError, load_library
+
+        try:
+            lib = load_library("gguf_quant", [Path(__file__).with_name("gguf_quant.c")],
+                               [*FLAGS, "-ffp-contract=off"])
+        except NativeBuildError as exc:
+            warnings.warn(f"the C GGUF quantiser is unavailable ({exc}); using torch",
+                          RuntimeWarning, stacklevel=3)
+            lib = None
+        if lib is not None:
+            for fn in (lib.ark_quantize_q4_0, lib.ark_quantize_q8_0):
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+                fn.restype = ctypes.c_int64
+        _NATIVE.append(lib)
+    return _NATIVE[0]
+
+
+def _quantize_native(b: np.ndarray, qtype: GGMLType) -> bytes | None:
+    """Q8_0 / Q4_0 of blocks `b` [n, 32] (float32, C-contiguous) by gguf_quant.c: ggml's
+    arithmetic in C, one pass over the weights (about 10x the torch path on SmolLM2 here). None
+    when the library is unavailable or a value is not finite (the numpy code then handles it as
+    ggml does)."""
+    lib = _native_library()
+    if lib is None:
+        return None
+    fn = lib.ark_quantize_q4_0 if qtype is GGMLType.Q4_0 else lib.ark_quantize_q8_0
+    out = np.empty((b.shape[0], BLOCK[qtype][1]), np.uint8)
+    return None if fn(b.ctypes.data, b.shape[0], out.ctypes.data) else out.tobytes()
+
+
 def _quantize_torch(b: np.ndarray, qtype: GGMLType) -> bytes:
     """Q8_0 / Q4_0 of finite blocks `b` [n, 32] with torch's vectorised, multi-threaded ops: the
     same fp32 operations in the same order as the numpy code below it (and ggml's reference
@@ -189,7 +230,9 @@ def quantize_gguf(w: np.ndarray, qtype: GGMLType | int) -> bytes:
         return _bf16(x).tobytes()
     b = x.reshape(-1, size)
     if qtype in (GGMLType.Q8_0, GGMLType.Q4_0):
-        fast = _quantize_torch(b, qtype)
+        fast = _quantize_native(b, qtype)
+        if fast is None:
+            fast = _quantize_torch(b, qtype)
         if fast is not None:
             return fast
     if qtype is GGMLType.Q8_0:

@@ -143,13 +143,37 @@ def test_q4_0_rounds_fp16_scale_first() -> None:
     assert raw.shape == (4, 2 * 18)
 
 
+@pytest.mark.parametrize("path", ["native", "torch"])
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0], ids=lambda t: t.name)
-def test_torch_fast_path_identical_on_many_random_blocks(qtype: GGMLType) -> None:
-    """quantize_gguf's torch path (finite input) against gguf-py on 32K blocks at many scales,
-    with exact ties between the largest positive and negative values in some blocks."""
+def test_fast_paths_identical_on_many_random_blocks(qtype: GGMLType, path: str) -> None:
+    """quantize_gguf's fast paths for finite input (the C quantiser gguf_quant.c, and torch)
+    against gguf-py on 32K blocks at many scales, with exact ties between the largest positive
+    and negative values in some blocks, and Q8_0 values at and just below a rounding half."""
+    from arkinfer.quant.formats import gguf_blocks
+
+    fast = gguf_blocks._quantize_native if path == "native" else gguf_blocks._quantize_torch
+    if path == "native" and gguf_blocks._native_library() is None:
+        pytest.skip("no C compiler / AVX2 here: the C quantiser cannot be built")
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((1024, 1024)) * 10.0 ** rng.integers(-6, 4, (1024, 1))).astype(
         np.float32)
     x[::7, 5] = np.abs(x[::7]).max(axis=1)
     x[::7, 9] = -x[::7, 5]
-    assert quantize_gguf(x, qtype) == gguf.quants.quantize(x, QT(int(qtype))).tobytes()
+    x[1, :9] = [127, 0.5, -0.5, 1.5, -2.5, 0.49999997, -0.49999997, 126.5, 3.4999998]
+    assert fast(x.reshape(-1, 32), qtype) == gguf.quants.quantize(x, QT(int(qtype))).tobytes()
+
+
+def test_native_quantiser_leaves_non_finite_blocks_to_the_numpy_path() -> None:
+    """A NaN or inf anywhere: the C quantiser declines (None) and quantize_gguf's numpy code
+    writes what ggml writes (gguf-py's bytes)."""
+    from arkinfer.quant.formats import gguf_blocks
+
+    if gguf_blocks._native_library() is None:
+        pytest.skip("no C compiler / AVX2 here: the C quantiser cannot be built")
+    x = _awkward_rows()
+    x[2, 40], x[3, 100] = np.nan, np.inf
+    for qtype in (GGMLType.Q4_0, GGMLType.Q8_0):
+        assert gguf_blocks._quantize_native(x.reshape(-1, 32), qtype) is None
+        with np.errstate(invalid="ignore"):   # NaN * 0 and NaN -> int, as in ggml
+            ours, ref = quantize_gguf(x, qtype), gguf.quants.quantize(x, QT(int(qtype)))
+        assert ours == ref.tobytes()

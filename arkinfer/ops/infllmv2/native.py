@@ -14,12 +14,7 @@ conformance suite.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
@@ -29,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from arkinfer.native_build import NativeBuildError, load_library
 from arkinfer.ops.infllmv2.common import CompressedKeys
 from arkinfer.ops.infllmv2.config import COARSE_FACTOR, SparseConfig
 
@@ -151,37 +147,12 @@ def torch_only() -> Iterator[None]:
         _off[0] = saved
 
 
-_FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-mavx2", "-mfma", "-mf16c"]
-
-
 def _build_and_load() -> NativeKernels | None:
     """Compile (once) and load the kernels; None where they cannot run (no AVX2/FMA CPU)."""
-    if platform.machine() not in ("x86_64", "AMD64") or \
-            torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+    try:
+        lib = load_library("infllmv2_decode", _SOURCES, openmp=True)
+    except NativeBuildError as exc:
+        warnings.warn(f"InfLLM v2 C decode kernels unavailable ({exc}); using the torch path",
+                      RuntimeWarning, stacklevel=3)
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or not all(p.is_file() for p in _SOURCES):
-        return None
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "arkinfer" / \
-        "kernels"
-    failure: Exception | None = None
-    for openmp in (["-fopenmp"], []):     # single-threaded where the compiler has no OpenMP
-        flags = [*_FLAGS, *openmp]
-        digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES)
-                                + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
-        lib_path = cache / f"infllmv2_decode_{digest}.so"
-        try:
-            if not lib_path.exists():
-                cache.mkdir(parents=True, exist_ok=True)
-                with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                    built = Path(tmp) / lib_path.name
-                    subprocess.run([compiler, *flags, f"-I{_SOURCES[0].parent}",
-                                    str(_SOURCES[0]), "-o", str(built), "-lm"], check=True,
-                                   capture_output=True, timeout=120)
-                    os.replace(built, lib_path)
-            return NativeKernels(ctypes.CDLL(str(lib_path)))
-        except (OSError, subprocess.SubprocessError) as exc:
-            failure = exc
-    warnings.warn(f"InfLLM v2 C decode kernels unavailable ({failure}); using the torch path",
-                  RuntimeWarning, stacklevel=3)
-    return None
+    return None if lib is None else NativeKernels(lib)
