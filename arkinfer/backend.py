@@ -42,6 +42,9 @@ imports a backend SDK.
         # llama-quantize writes): build then skips its quantise stage, passes the float
         # checkpoint as model_dir, and takes the manifest's quant figures from LowerResult.quant
     fidelity_top1: float                       # default 0.99
+    check_options(options) -> None
+        # raise ArkError for a `--option KEY=VALUE` the backend does not take (unknown key or
+        # value), at plan time, before any weight is read. Default: accept all.
 
 A `Runner` (below) serves verify, eval and bench; `RunnerBase` supplies `attention_modes = ()`
 (the runner cannot switch between dense and sparse attention) and a refusing `set_attention`.
@@ -226,6 +229,9 @@ class Backend(Protocol):
     def quantizes_in_lower(self, recipe: Any, options: dict[str, str]) -> bool:
         """True when lower() quantises this (weight-only) recipe from the float source itself."""
 
+    def check_options(self, options: dict[str, str]) -> None:
+        """Raise ArkError for a --option this backend does not take (plan time)."""
+
 
 class BackendBase:
     """Defaults for the optional parts of the `Backend` contract."""
@@ -244,6 +250,9 @@ class BackendBase:
 
     def quantizes_in_lower(self, recipe: Any, options: dict[str, str]) -> bool:
         return False
+
+    def check_options(self, options: dict[str, str]) -> None:
+        return None
 
     def build_runtime(self, progress: Callable[[str], None] | None = None) -> dict[str, str]:
         raise NotAvailableError(f"backend {self.name!r} has no runtime to build",

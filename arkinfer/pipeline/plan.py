@@ -149,6 +149,7 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
     name = choose_backend(tgt, r.backend)
     notes = list(r.notes)
     notes += list(get_backend(name).preflight(raw, r.recipe, tgt, r.dtype))  # raises if impossible
+    get_backend(name).check_options(dict(options or {}))  # a bad --option fails here, not at lower
     c = calib or CalibSettings()
     if r.recipe is not None:  # checked even when a weight-only recipe does not use them
         from arkinfer.quant.calib_data import check_calibration_size

@@ -54,8 +54,23 @@ DECODE_SCHEDULES = {   # the host schedule note of each, for tvm_module.json
 
 
 def device_variants(options: dict[str, str]) -> tuple[str, ...]:
+    """`--option devices=adreno,mali|adreno|mali|none`: the OpenCL builds to make."""
     value = options.get("devices", ",".join(DEVICE_VARIANTS))
-    return () if value in ("", "none") else tuple(v.strip() for v in value.split(",") if v.strip())
+    variants = () if value in ("", "none") else \
+        tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = [v for v in variants if v not in DEVICE_VARIANTS]
+    if unknown:
+        raise ArkError(f"--option devices={value!r}: unknown tvm device variant {unknown[0]!r}; "
+                       f"known: {', '.join(DEVICE_VARIANTS)}, none",
+                       hint="pass --option devices=adreno,mali (a subset) or devices=none")
+    return variants
+
+
+def check_options(options: dict[str, str]) -> None:
+    """Raise ArkError for any option lower() would refuse (called at plan time)."""
+    float_weights(options)   # refuses unknown keys too
+    decode_activations(options)
+    device_variants(options)
 
 
 def float_weights(options: dict[str, str]):

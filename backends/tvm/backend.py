@@ -38,6 +38,13 @@ class TVMBackend(BackendBase):
 
         return preflight(raw_config, recipe, target, dtype, self.ir_passes)
 
+    def check_options(self, options: dict[str, str]) -> None:
+        """Every --option at plan time: devices, float_weights, decode_activations (artifact.py
+        names the allowed values); unknown keys are refused."""
+        from .artifact import check_options
+
+        check_options(options)
+
     def lower(self, request: LowerRequest) -> LowerResult:
         from .artifact import lower
 

@@ -89,6 +89,20 @@ def test_decode_activations_option_is_checked():
     assert "int16" in exc.value.hint
 
 
+@pytest.mark.parametrize("options,message", [
+    ({"decode_activations": "int4"}, "decode_activations='int4'"),
+    ({"devices": "adreno,nvidia"}, "unknown tvm device variant 'nvidia'"),
+    ({"colour": "blue"}, r"unknown tvm option\(s\) \['colour'\]")])
+def test_bad_options_fail_at_plan_time(tmp_path, options, message):
+    """A bad --option stops `resolve_plan` (before any trace, quantise or file), naming it."""
+    from arkinfer.pipeline.plan import resolve_plan
+
+    with pytest.raises(ArkError, match=message):
+        resolve_plan("demo", target="android", quant="q4_0", out=tmp_path / "out",
+                     options=options)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("bits,tolerance", [(16, 1e-4), (8, 3e-2)])
 def test_demo_host_decode_with_quantised_activations(demo_q4, bits, tolerance):
     """The int<bits> host build: prefill identical to the fp32 build (prefill stays fp32), decode
