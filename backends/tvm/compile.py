@@ -115,7 +115,6 @@ def finish(scheduled: tvm.IRModule, target: Target) -> relax.VMExecutable:
 class Build:
     """Everything one compilation produced (see the module doc)."""
 
-    module: tvm.IRModule
     signature: Signature
     params: dict[str, np.ndarray]
     host_exec: relax.VMExecutable | None = None
@@ -146,17 +145,20 @@ def build(program: Any, params: dict[str, np.ndarray], *, host: bool = True,
     """Lower `program`, compile it for this machine and for each device variant.
     The host module is lowered on its own (HostDecode: decode's 4-bit linears as hand-built
     GEMVs taking `decode_activations` "int16" / "int8" (kernels_qact.py) or "f32"
-    (kernels_gemv.py)); the device builds compile the portable module (fp32 TE linears, dlight)."""
-    mod, sig = lower_program(program, params)
-    out = Build(mod, sig, params)
+    (kernels_gemv.py)); the device builds compile the portable module (fp32 TE linears, dlight),
+    lowered only when a device variant is asked for. Both modules have the same signature."""
+    host_exec = target = sig = None
     if host:
-        out.host_target = host_target()
-        host_mod = lower_program(program, params, HostDecode(out.host_target, decode_activations))[0]
-        out.host_exec = finish(schedule(host_mod, out.host_target), out.host_target)
+        target = host_target()
+        host_mod, sig = lower_program(program, params, HostDecode(target, decode_activations))
+        host_exec = finish(schedule(host_mod, target), target)
+    if devices or sig is None:
+        portable, sig = lower_program(program, params)
+    out = Build(sig, params, host_exec, target)
     for variant in devices:
-        target = device_target(variant, device_host)
-        scheduled = schedule(mod, target)
-        out.device_targets[variant] = target
+        device = device_target(variant, device_host)
+        scheduled = schedule(portable, device)
+        out.device_targets[variant] = device
         out.device_mod_scheduled[variant] = scheduled
-        out.device_exec[variant] = finish(scheduled, target)
+        out.device_exec[variant] = finish(scheduled, device)
     return out

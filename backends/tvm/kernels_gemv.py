@@ -17,9 +17,10 @@ weights. Two functions:
                      bias? [N]) -> y [1, 1, N]
         per row: for each 16-column run, 8 code bytes widened to int32x8 (vpmovzxbd), low
         nibbles (& 15) and high nibbles (>> 4) converted to float32x8, multiplied with xr's
-        two halves; the runs of a group summed as a tree, scaled by s[n, g]; the groups summed
-        as a tree into one float32x8; 8 lanes added at the end, minus the zero-point terms.
-        Rows in parallel. No loop-carried buffer: LLVM keeps the sums in registers.
+        two halves in one FMA chain per group, scaled by s[n, g]; the groups summed as a tree
+        into one float32x8; 8 lanes added at the end, minus the zero-point terms. Rows in
+        parallel (kernels_qact.row_parallel_gemv, the skeleton both GEMVs share). No
+        loop-carried buffer: LLVM keeps the sums in registers.
 
 Codes are weights.py's layout unchanged (column 8w + i in bits 4i..4i+3 of word w: byte j of a
 row holds columns 2j (low nibble) and 2j + 1 (high nibble)). z = 8 for symmetric weights.
@@ -32,8 +33,7 @@ from __future__ import annotations
 from tvm import relax, te
 from tvm import tirx as tir
 
-from .kernels_qact import call_gemv, tree_sum
-from .weights import SYM_ZERO
+from .kernels_qact import call_gemv, row_parallel_gemv, tree_sum, zero_point
 
 RUN = 16  # columns of one run: 8 code bytes, widened into one int32x8
 HALF = RUN // 2
@@ -66,45 +66,31 @@ def q4_gemv_f32(n_rows: int, k: int, group: int, scale_dtype: str, zeros: bool,
     groups, runs_per_group = k // group, group // RUN
     xr = tir.decl_buffer((k,), "float32", "xr")
     xsum = tir.decl_buffer((groups,), "float32", "xsum")
-    codes = tir.decl_buffer((n_rows, k // 8), "uint32", "codes")
-    code_bytes = tir.decl_buffer((n_rows, k // 2), "uint8", "code_bytes", data=codes.data)
-    scales = tir.decl_buffer((n_rows, groups), scale_dtype, "scales")
-    zp = tir.decl_buffer((n_rows, groups), "uint8", "zeros") if zeros else None
-    bias = tir.decl_buffer((n_rows,), bias_dtype, "bias") if bias_dtype else None
-    y = tir.decl_buffer((1, 1, n_rows), "float32", "y")
-    n = tir.Var("n", "int32")
     low4 = tir.Broadcast(tir.const(15, "int32"), HALF)
     four = tir.Broadcast(tir.const(4, "int32"), HALF)
-    scaled, corrections = [], []
-    for g in range(groups):
-        dot = None   # the group's FMA chain: one float32x8, runs in column order
-        for r in range(g * runs_per_group, (g + 1) * runs_per_group):
-            packed = tir.Cast("int32x8", tir.BufferLoad(
-                code_bytes, [n, tir.Ramp(tir.const(HALF * r, "int32"), 1, HALF)]))
-            lo = tir.Cast("float32x8", tir.bitwise_and(packed, low4))
-            hi = tir.Cast("float32x8", tir.shift_right(packed, four))
-            x_even = tir.BufferLoad(xr, [tir.Ramp(tir.const(RUN * r, "int32"), 1, HALF)])
-            x_odd = tir.BufferLoad(xr, [tir.Ramp(tir.const(RUN * r + HALF, "int32"), 1, HALF)])
-            dot = lo * x_even if dot is None else dot + lo * x_even
-            dot = dot + hi * x_odd
-        s = tir.Cast("float32", tir.BufferLoad(scales, [n, g]))
-        scaled.append(dot * tir.Broadcast(s, HALF))
-        zero = tir.Cast("float32", tir.BufferLoad(zp, [n, g])) if zp is not None else \
-            tir.const(float(SYM_ZERO), "float32")
-        corrections.append(s * zero * tir.BufferLoad(xsum, [g]))
-    acc = tree_sum(scaled)
-    lanes = [tir.Shuffle([acc], [tir.const(i, "int32")]) for i in range(HALF)]
-    total = tree_sum(lanes) - tree_sum(corrections)
-    if bias is not None:
-        total = total + tir.Cast("float32", tir.BufferLoad(bias, [n]))
-    loop = tir.For(n, 0, n_rows, tir.ForKind.PARALLEL,
-                   tir.BufferStore(y, total, [tir.const(0, "int32"), tir.const(0, "int32"), n]))
-    body = tir.SeqStmt([tir.DeclBuffer(code_bytes, data=codes.data), loop])
-    buffers = [xr, xsum, codes, scales] + ([zp] if zp is not None else []) + \
-        ([bias] if bias is not None else []) + [y]
-    # op_pattern 8 = kOpaque: relax FuseOps leaves it alone (it has no block to fuse into)
-    return tir.PrimFunc(buffers, body).with_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
-                                                  "op_pattern": 8})
+
+    def row(n, code_bytes, scales, zp):
+        scaled, corrections = [], []
+        for g in range(groups):
+            dot = None   # the group's FMA chain: one float32x8, runs in column order
+            for r in range(g * runs_per_group, (g + 1) * runs_per_group):
+                packed = tir.Cast("int32x8", tir.BufferLoad(
+                    code_bytes, [n, tir.Ramp(tir.const(HALF * r, "int32"), 1, HALF)]))
+                lo = tir.Cast("float32x8", tir.bitwise_and(packed, low4))
+                hi = tir.Cast("float32x8", tir.shift_right(packed, four))
+                x_even = tir.BufferLoad(xr, [tir.Ramp(tir.const(RUN * r, "int32"), 1, HALF)])
+                x_odd = tir.BufferLoad(xr, [tir.Ramp(tir.const(RUN * r + HALF, "int32"), 1,
+                                                     HALF)])
+                dot = lo * x_even if dot is None else dot + lo * x_even
+                dot = dot + hi * x_odd
+            s = tir.Cast("float32", tir.BufferLoad(scales, [n, g]))
+            scaled.append(dot * tir.Broadcast(s, HALF))
+            corrections.append(s * zero_point(zp, n, g) * tir.BufferLoad(xsum, [g]))
+        acc = tree_sum(scaled)
+        lanes = [tir.Shuffle([acc], [tir.const(i, "int32")]) for i in range(HALF)]
+        return tree_sum(lanes) - tree_sum(corrections)
+
+    return row_parallel_gemv([xr, xsum], n_rows, k, group, scale_dtype, zeros, bias_dtype, row)
 
 
 def emit_linear_q4_f32(bb: relax.BlockBuilder, x, codes, scales, zeros=None, bias=None,

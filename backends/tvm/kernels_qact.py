@@ -120,6 +120,37 @@ def _dot_int16(code_bytes, xq, n, b):
     return tree_sum(terms)
 
 
+def row_parallel_gemv(activations: list, n_rows: int, k: int, group: int, scale_dtype: str,
+                      zeros: bool, bias_dtype: str | None, row) -> tir.PrimFunc:
+    """The PrimFunc skeleton both hand-built GEMVs share: parameters (*activations, codes u32
+    [N, K/8], scales [N, K/g], zeros? u8 [N, K/g], bias? [N], y f32 [1, 1, N]), the codes also
+    viewed as bytes (code_bytes u8 [N, K/2], a DeclBuffer on the same data), and one parallel
+    loop over rows storing y[0, 0, n] = row(n, code_bytes, scales, zeros | None) (+ bias[n])."""
+    codes = tir.decl_buffer((n_rows, k // 8), "uint32", "codes")
+    code_bytes = tir.decl_buffer((n_rows, k // 2), "uint8", "code_bytes", data=codes.data)
+    scales = tir.decl_buffer((n_rows, k // group), scale_dtype, "scales")
+    zp = tir.decl_buffer((n_rows, k // group), "uint8", "zeros") if zeros else None
+    bias = tir.decl_buffer((n_rows,), bias_dtype, "bias") if bias_dtype else None
+    y = tir.decl_buffer((1, 1, n_rows), "float32", "y")
+    n = tir.Var("n", "int32")
+    total = row(n, code_bytes, scales, zp)
+    if bias is not None:
+        total = total + tir.Cast("float32", tir.BufferLoad(bias, [n]))
+    loop = tir.For(n, 0, n_rows, tir.ForKind.PARALLEL,
+                   tir.BufferStore(y, total, [tir.const(0, "int32"), tir.const(0, "int32"), n]))
+    body = tir.SeqStmt([tir.DeclBuffer(code_bytes, data=codes.data), loop])
+    buffers = [*activations, codes, scales] + [b for b in (zp, bias) if b is not None] + [y]
+    # op_pattern 8 = kOpaque: relax FuseOps leaves it alone (it has no block to fuse into)
+    return tir.PrimFunc(buffers, body).with_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
+                                                  "op_pattern": 8})
+
+
+def zero_point(zp, n, g):
+    """fp32 zero point of row n, group g: the stored u8, or SYM_ZERO for symmetric weights."""
+    return tir.Cast("float32", tir.BufferLoad(zp, [n, g])) if zp is not None else \
+        tir.const(float(SYM_ZERO), "float32")
+
+
 def q4_gemv_qact(n_rows: int, k: int, group: int, scale_dtype: str, zeros: bool,
                  bias_dtype: str | None, bits: int = 8) -> tir.PrimFunc:
     """The PrimFunc described in the module doc, for a weight [n_rows, k] with `group`-column
@@ -128,36 +159,23 @@ def q4_gemv_qact(n_rows: int, k: int, group: int, scale_dtype: str, zeros: bool,
     xq = tir.decl_buffer((k,), f"int{bits}", "xq")
     xs = tir.decl_buffer((blocks,), "float32", "xs")
     xsum = tir.decl_buffer((blocks,), "int32", "xsum")
-    codes = tir.decl_buffer((n_rows, k // 8), "uint32", "codes")
-    code_bytes = tir.decl_buffer((n_rows, k // 2), "uint8", "code_bytes", data=codes.data)
-    scales = tir.decl_buffer((n_rows, k // group), scale_dtype, "scales")
-    zp = tir.decl_buffer((n_rows, k // group), "uint8", "zeros") if zeros else None
-    bias = tir.decl_buffer((n_rows,), bias_dtype, "bias") if bias_dtype else None
-    y = tir.decl_buffer((1, 1, n_rows), "float32", "y")
-    n = tir.Var("n", "int32")
     block_dot = _dot_int8 if bits == 8 else _dot_int16
-    sums, corrections = [], []
-    for b in range(blocks):
-        dot = block_dot(code_bytes, xq, n, b)
-        g = b // per_group
-        s = tir.Cast("float32", tir.BufferLoad(scales, [n, g])) * tir.BufferLoad(xs, [b])
-        sums.append(tir.Cast("float32x4", dot) * tir.Broadcast(s, 4))
-        zero = tir.Cast("float32", tir.BufferLoad(zp, [n, g])) if zp is not None else \
-            tir.const(float(SYM_ZERO), "float32")
-        corrections.append(s * zero * tir.Cast("float32", tir.BufferLoad(xsum, [b])))
-    acc = tree_sum(sums)
-    lanes = [tir.Shuffle([acc], [tir.const(i, "int32")]) for i in range(4)]
-    total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) - tree_sum(corrections)
-    if bias is not None:
-        total = total + tir.Cast("float32", tir.BufferLoad(bias, [n]))
-    loop = tir.For(n, 0, n_rows, tir.ForKind.PARALLEL,
-                   tir.BufferStore(y, total, [tir.const(0, "int32"), tir.const(0, "int32"), n]))
-    body = tir.SeqStmt([tir.DeclBuffer(code_bytes, data=codes.data), loop])
-    buffers = [xq, xs, xsum, codes, scales] + ([zp] if zp is not None else []) + \
-        ([bias] if bias is not None else []) + [y]
-    # op_pattern 8 = kOpaque: relax FuseOps leaves it alone (it has no block to fuse into)
-    return tir.PrimFunc(buffers, body).with_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
-                                                  "op_pattern": 8})
+
+    def row(n, code_bytes, scales, zp):
+        sums, corrections = [], []
+        for b in range(blocks):
+            dot = block_dot(code_bytes, xq, n, b)
+            g = b // per_group
+            s = tir.Cast("float32", tir.BufferLoad(scales, [n, g])) * tir.BufferLoad(xs, [b])
+            sums.append(tir.Cast("float32x4", dot) * tir.Broadcast(s, 4))
+            corrections.append(s * zero_point(zp, n, g)
+                               * tir.Cast("float32", tir.BufferLoad(xsum, [b])))
+        acc = tree_sum(sums)
+        lanes = [tir.Shuffle([acc], [tir.const(i, "int32")]) for i in range(4)]
+        return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) - tree_sum(corrections)
+
+    return row_parallel_gemv([xq, xs, xsum], n_rows, k, group, scale_dtype, zeros, bias_dtype,
+                             row)
 
 
 def call_gemv(bb: relax.BlockBuilder, funcs: dict | None, prepared: dict | None, func_key: tuple,

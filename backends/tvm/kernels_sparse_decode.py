@@ -58,6 +58,7 @@ def sparse_decode_attention(hq: int, hkv: int, dim: int, block: int, budget: int
             b = row // hq
             head = row % hq
             kv = head // group
+            # infllmv2.sparse_switch's rule (the spec's §5 switch), written out for TVMScript
             sparse = T.Or(dense_len < T.int64(0), length >= dense_len)
             top[0] = T.min_value("float32")
             total[0] = T.float32(0)
