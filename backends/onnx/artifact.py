@@ -23,8 +23,9 @@ import torch
 from arkinfer import __version__, ir
 from arkinfer.backend import LowerRequest, LowerResult
 
+from . import fn_fused
 from .lower_onnx import lower_to_onnx
-from .runner import ONNX_FILE
+from .runner import DEFAULT_MAX_POSITIONS, MAX_POSITIONS_KEY, ONNX_FILE
 from .weights import FolderWeights
 
 DATA_FILE = "model.onnx.data"
@@ -59,7 +60,8 @@ def lower(request: LowerRequest, backend: str = "onnx") -> LowerResult:
             "arkinfer.recipe": recipe, "arkinfer.target": target, "arkinfer.backend": backend,
             "arkinfer.sparse_config": json.dumps(sparse),
             "arkinfer.cache_layout": "past.{i}.k/v f32 [1,Hkv,P,D]; past.{i}.fine/coarse f32 "
-                                     "[1,Hkv,N,D] (InfLLM v2); outputs present.*"}
+                                     "[1,Hkv,N,D] (InfLLM v2); outputs present.*",
+            MAX_POSITIONS_KEY: str(program.meta.get("max_len", DEFAULT_MAX_POSITIONS))}
     request.progress("lowering to ONNX")
     model, layers = lower_to_onnx(program, src, request.dtype, meta)
     request.progress("writing model.onnx + external data")
@@ -83,11 +85,17 @@ def lower(request: LowerRequest, backend: str = "onnx") -> LowerResult:
                      "checkpoint)")
     linear = {"marlin": "arkinfer.MarlinLinear", "gptq": "arkinfer.Int4Linear (gptq)",
               "awq": "arkinfer.Int4Linear (awq)"}.get(src.format or "", "MatMul (float)")
+    fused = {f.name for f in model.functions}
+    gqa = fn_fused.ROTARY_GQA in fused
     ops = {"attention": ("InfLLM v2 (arkinfer.InfLLMv2Attention ONNX function; dense below "
                          f"dense_len={sparse.get('dense_len')})") if sparse else
-           "dense causal GQA (standard ONNX ops)",
+           "dense causal GQA (arkinfer.RotaryGQA; host: com.microsoft.GroupQueryAttention)"
+           if gqa else "dense causal GQA (standard ONNX ops)",
            "linear": linear + ("; host: com.microsoft.MatMulNBits" if src.format else ""),
-           "rms_norm": "standard ONNX ops", "rope": "standard ONNX ops (cos/sin from positions)"}
+           "rms_norm": "arkinfer.RMSNorm / SkipRMSNorm (host: SimplifiedLayerNormalization / "
+                       "com.microsoft.SkipSimplifiedLayerNormalization)",
+           "rope": "inside arkinfer.RotaryGQA (cos/sin from positions)" if gqa else
+                   "standard ONNX ops (cos/sin from positions)"}
     toolchain = {"onnx": version("onnx"), "onnxruntime": version("onnxruntime"),
                  "opset": "21 + arkinfer 1"}
     return LowerResult(files=files, ops=ops, toolchain=toolchain, notes=notes, layers=layers)

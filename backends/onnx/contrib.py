@@ -24,7 +24,7 @@ from .weights import tensor_proto
 MS_DOMAIN = "com.microsoft"
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
+def attr(node: onnx.NodeProto, name: str, default=None):
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
@@ -32,11 +32,11 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
 
 
 def _unpack(node: onnx.NodeProto, arrays: dict[str, np.ndarray]):
-    k, n = int(_attr(node, "in_features")), int(_attr(node, "out_features"))
-    group = int(_attr(node, "group_size", 128))
+    k, n = int(attr(node, "in_features")), int(attr(node, "out_features"))
+    group = int(attr(node, "group_size", 128))
     if node.op_type == fn_linear.MARLIN:
         return get_format("marlin").unpack(arrays, n, k, group_size=group)
-    layout = _attr(node, "layout", b"gptq")
+    layout = attr(node, "layout", b"gptq")
     layout = layout.decode() if isinstance(layout, bytes) else layout
     qw = get_format(layout).unpack(arrays, n, k, bits=4, group_size=group)
     if layout == "gptq" and not np.array_equal(arrays["g_idx"], np.arange(k) // (group if group > 0

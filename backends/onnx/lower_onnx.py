@@ -10,7 +10,10 @@ Activations are float32 (the host runs them in fp32; TensorRT builds fp16 engine
 graph with --fp16). Float weights are stored in the build dtype and cast once; quantised linears
 keep their checkpoint tensors and become `arkinfer.MarlinLinear` / `arkinfer.Int4Linear` nodes;
 attention with a sparse_config becomes `arkinfer.InfLLMv2Attention` with the layer's compressed-key
-caches; dense attention is emitted inline (causal GQA softmax).
+caches; dense attention together with its RoPE, cache concat and head reshapes becomes one
+`arkinfer.RotaryGQA` (groups.py finds them; off that pattern it is emitted inline), and RMSNorm
+`arkinfer.RMSNorm` / `arkinfer.SkipRMSNorm` (with the residual add before it): functions with
+standard-op bodies (fn_fused.py) that the host runner swaps for onnxruntime's fused contrib ops.
 
 Why from the IR and not from the torch model: the IR is already the verified, length-generic graph
 (every op's meaning fixed by the interpreter), its 16 ops map one-to-one to a few ONNX nodes, and
@@ -30,8 +33,8 @@ from arkinfer.ir import dims
 from arkinfer.ir.graph import Node, Program
 from arkinfer.ir.ops import Op
 
-from . import fn_infllmv2, fn_linear
-from .fn_infllmv2 import causal_mask, grouped_queries, masked_attention
+from . import fn_fused, fn_infllmv2, fn_linear
+from .groups import AttentionGroup, find_groups
 from .onnx_build import DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, NodeBuilder
 from .weights import FolderWeights, QuantLinear, tensor_proto
 
@@ -57,6 +60,7 @@ class _Lowering:
         self.cache_layer = {k: i for i, (k, _) in enumerate(program.cache_names())}
         self.producer = {n.name: n for n in self.graph.nodes}
         self.functions: set[str] = set()
+        self.groups = find_groups(self.graph)
 
     # ---------------------------------------------------------------- weights
     def float_weight(self, name: str) -> str:
@@ -128,25 +132,25 @@ class _Lowering:
         return out
 
     # ---------------------------------------------------------------- ops
+    def inv_freq(self, a: dict) -> str:
+        """f32 [D/2] frequencies of a rope node (LongRoPE: the long set past `long_after`)."""
+        key = ("inv", a["inv_freq"], a.get("inv_freq_long"), a.get("long_after"))
+        if key not in self.memo:
+            inv = self.float_weight(a["inv_freq"])
+            if a.get("inv_freq_long") is not None:
+                longer = self.b.op("Greater", self.dim(a["length"]), self.b.i64(int(a["long_after"])))
+                inv = self.b.op("Where", longer, self.float_weight(a["inv_freq_long"]), inv)
+            self.memo[key] = inv
+        return self.memo[key]
+
     def rope(self, n: Node, x: str, positions: str) -> str:
         b, a = self.b, n.attrs
         key = ("rope", a["inv_freq"], a.get("inv_freq_long"), a.get("long_after"), a["scale"])
         if key not in self.memo:
-            inv = self.float_weight(a["inv_freq"])
-            if a.get("inv_freq_long") is not None:
-                longer = b.op("Greater", self.dim(a["length"]), b.i64(int(a["long_after"])))
-                inv = b.op("Where", longer, self.float_weight(a["inv_freq_long"]), inv)
-            pos = b.op("Unsqueeze", b.op("Cast", positions, to=TensorProto.FLOAT), b.i64(1))
-            ang = b.op("Mul", pos, b.op("Unsqueeze", inv, b.i64(0)))     # [T, D/2]
-            emb = b.op("Concat", ang, ang, axis=-1)
-            scale = b.f32(float(a["scale"]))
-            self.memo[key] = (b.op("Mul", b.op("Cos", emb), scale), b.op("Mul", b.op("Sin", emb), scale))
+            self.memo[key] = fn_fused.rope_cos_sin(b, positions, self.inv_freq(a),
+                                                   b.f32(float(a["scale"])))
         cos, sin = self.memo[key]
-        half = n.type.shape[-1] // 2
-        x1 = b.op("Slice", x, b.i64(0), b.i64(half), b.i64(-1))
-        x2 = b.op("Slice", x, b.i64(half), b.i64(2 * half), b.i64(-1))
-        rot = b.op("Concat", b.op("Neg", x2), x1, axis=-1)
-        return b.op("Add", b.op("Mul", x, cos), b.op("Mul", rot, sin))
+        return fn_fused.rope_apply(b, x, cos, sin, b.i64(n.type.shape[-1] // 2))
 
     def attention(self, n: Node, q: str, k: str, v: str) -> str:
         b = self.b
@@ -164,11 +168,36 @@ class _Lowering:
                                                      f"present.{i}.coarse", b.fresh("idx")],
                            **fn_infllmv2.node_attrs(sc, scale))
             return out
-        s, t = b.dim(k, 2), b.dim(q, 2)
-        pos = b.range1(b.op("Sub", s, t), s)
-        mask = b.op("Unsqueeze", causal_mask(b, pos, s), b.i64(0, 1, 2))
-        out5 = masked_attention(b, grouped_queries(b, q, k), k, v, mask, b.f32(scale))
-        return b.op("Reshape", out5, b.op("Shape", q))
+        return fn_fused.dense_attention(b, q, k, v, b.f32(scale))
+
+    def rotary_gqa(self, g: AttentionGroup) -> str:
+        """One arkinfer.RotaryGQA for a whole attention group; its present outputs become the
+        values of the group's cache concats."""
+        self.functions.add(fn_fused.ROTARY_GQA)
+        v = self.values
+        out, k_all, v_all = self.b.op(
+            fn_fused.ROTARY_GQA, v[g.query], v[g.key], v[g.value], v[g.past_key], v[g.past_value],
+            v[g.positions], self.inv_freq(g.rope.attrs), domain=DOMAIN, outputs=3,
+            num_heads=g.num_heads, kv_num_heads=g.kv_num_heads,
+            scale=float(g.attention.attrs["scale"]), rope_scale=float(g.rope.attrs["scale"]))
+        v[g.present_key], v[g.present_value] = k_all, v_all
+        return out
+
+    def rms_norm(self, n: Node) -> str:
+        """arkinfer.RMSNorm, or arkinfer.SkipRMSNorm when the norm reads a residual add (the add's
+        value is then the function's second output)."""
+        weight, eps = self.float_weight(n.attrs["weight"]), float(n.attrs["eps"])
+        add = self.groups.skip_norm.get(n.name)
+        if add is None:
+            self.functions.add(fn_fused.RMS_NORM)
+            return self.b.op(fn_fused.RMS_NORM, self.values[n.inputs[0]], weight, domain=DOMAIN,
+                             epsilon=eps)
+        self.functions.add(fn_fused.SKIP_RMS_NORM)
+        y, total = self.b.op(fn_fused.SKIP_RMS_NORM, self.values[add.inputs[0]],
+                             self.values[add.inputs[1]], weight, domain=DOMAIN, outputs=2,
+                             epsilon=eps)
+        self.values[add.name] = total
+        return y
 
     def layer_of(self, n: Node) -> int:
         cat = self.producer.get(n.inputs[1])
@@ -178,15 +207,15 @@ class _Lowering:
 
     def node(self, n: Node) -> str:
         b, a = self.b, n.attrs
+        if n.name in self.groups.attention:
+            return self.rotary_gqa(self.groups.attention[n.name])
+        if n.op == Op.RMS_NORM:  # before reading x: a fused residual add has no value yet
+            return self.rms_norm(n)
         x = [self.values[i] for i in n.inputs]
         if n.op == Op.EMBED:
             return b.op("Gather", self.float_weight(a["weight"]), x[0], axis=0)
         if n.op == Op.LINEAR:
             return self.linear(x[0], a["weight"], a.get("bias"))
-        if n.op == Op.RMS_NORM:
-            ms = b.op("ReduceMean", b.op("Mul", x[0], x[0]), b.i64(-1), keepdims=1)
-            inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.f32(float(a["eps"])))))
-            return b.op("Mul", self.float_weight(a["weight"]), b.op("Mul", x[0], inv))
         if n.op == Op.ROPE:
             return self.rope(n, x[0], x[1])
         if n.op == Op.ATTENTION:
@@ -239,7 +268,8 @@ class _Lowering:
                         f"past.{i}.{kind}", f32, [meta["batch"], meta["num_kv_heads"], n,
                                                   meta["head_dim"]]))
         for n in g.nodes:
-            self.values[n.name] = self.node(n)
+            if n.name not in self.groups.absorbed:
+                self.values[n.name] = self.node(n)
         outputs = []
         for out_name, value in g.outputs.items():
             name = rename.get(out_name, out_name).replace("past.", "present.")
@@ -260,7 +290,7 @@ class _Lowering:
 _ELEM_OF = {"i64": TensorProto.INT64, "i32": TensorProto.INT32, "bool": TensorProto.BOOL,
             "u8": TensorProto.UINT8, "i8": TensorProto.INT8}
 _FUNCTIONS = {fn_infllmv2.NAME: fn_infllmv2.function, fn_linear.MARLIN: fn_linear.marlin_function,
-              fn_linear.INT4: fn_linear.int4_function}
+              fn_linear.INT4: fn_linear.int4_function, **fn_fused.FUNCTIONS}
 
 
 def lower_to_onnx(program: Program, src: FolderWeights, dtype: str,

@@ -2,13 +2,15 @@
 (CPU), with the KV cache and the InfLLM v2 compressed-key caches carried between calls
 (`arkinfer.backend.Runner`).
 
-    runner = OnnxRunner(artifact_dir)                  # ops="contrib": MatMulNBits fast path
+    runner = OnnxRunner(artifact_dir)                  # ops="contrib": onnxruntime's fused ops
     logits = runner.window_logits(ids)                 # [T, V] float32 from an empty cache
     runner.reset(); runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
 
 ops="function" runs every arkinfer-domain node through its ONNX function body (what any ONNX
 runtime does); ops="contrib" first swaps the quantised linears for com.microsoft.MatMulNBits
-(contrib.py). Both compute the same weights; tests check they agree.
+(contrib.py) and RMSNorm / SkipRMSNorm / RotaryGQA for SimplifiedLayerNormalization /
+SkipSimplifiedLayerNormalization / GroupQueryAttention (contrib_fused.py); ops="nbits" swaps the
+linears only. All compute the same weights; tests check they agree.
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ from arkinfer.errors import NotAvailableError
 from arkinfer.frontend.tokenizer import load_tokenizer
 
 from .contrib import use_matmul_nbits
+from .contrib_fused import use_fused_ops
+from .fn_fused import ROTARY_GQA
 
 ONNX_FILE = "model.onnx"
-Ops = Literal["contrib", "function"]
+Ops = Literal["contrib", "nbits", "function"]
+MAX_POSITIONS_KEY = "arkinfer.max_positions"  # metadata: rows of the rope caches GQA reads
+DEFAULT_MAX_POSITIONS = 8192  # for a graph without that key
 
 
 class OnnxRunner(StepRunner):
@@ -43,18 +49,23 @@ class OnnxRunner(StepRunner):
         if not path.is_file():
             raise NotAvailableError(f"{path} does not exist",
                                     hint="build the artifact with arkinfer build --backend onnx (or tensorrt)")
-        if ops not in ("contrib", "function"):
+        if ops not in ("contrib", "nbits", "function"):
             raise NotAvailableError(f"ops={ops!r} is not a runner mode",
-                                    hint="use ops='contrib' or ops='function'")
+                                    hint="use ops='contrib', 'nbits' or 'function'")
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         if threads:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
-        self.ops, self.notes = ops, []
-        if ops == "contrib":
+        self.ops, self.notes, self.fused, self.max_positions = ops, [], {}, None
+        if ops in ("contrib", "nbits"):
             model = onnx.load(str(path))
             self.replaced, self.notes = use_matmul_nbits(model, accuracy_level=accuracy_level)
+            if ops == "contrib":
+                props = {p.key: p.value for p in model.metadata_props}
+                self.max_positions = int(props.get(MAX_POSITIONS_KEY, DEFAULT_MAX_POSITIONS))
+                self.fused, notes = use_fused_ops(model, self.max_positions)
+                self.notes += notes
             self.session = ort.InferenceSession(model.SerializeToString(), opts,
                                                 providers=["CPUExecutionProvider"])
         else:
@@ -76,6 +87,11 @@ class OnnxRunner(StepRunner):
         self.pos = 0
 
     def _step(self, ids: list[int], last_only: bool = False) -> torch.Tensor:
+        if self.fused.get(ROTARY_GQA) and self.pos + len(ids) > self.max_positions:
+            raise NotAvailableError(
+                f"{self.pos + len(ids)} tokens exceed the {self.max_positions} rows of "
+                "GroupQueryAttention's cos/sin caches (the model's max_len)",
+                hint="shorten the context, or load with ops='nbits' (no fused attention)")
         feeds = {"tokens": np.asarray([ids], np.int64),
                  "positions": np.arange(self.pos, self.pos + len(ids), dtype=np.int64), **self.cache}
         out = self.session.run(None, feeds)

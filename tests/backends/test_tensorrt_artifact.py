@@ -79,9 +79,10 @@ def test_artifact_files_and_metadata(artifacts):
     assert props["arkinfer.recipe"].endswith("-> marlin") and props["arkinfer.version"]
     assert json.loads(props["arkinfer.sparse_config"])["dense_len"] == 1024
     assert {o.version for o in model.opset_import if o.domain == ""} == {21}
-    assert {f.name for f in model.functions} == {"InfLLMv2Attention", "MarlinLinear"}
+    fns = {"InfLLMv2Attention", "MarlinLinear", "RMSNorm", "SkipRMSNorm"}
+    assert {f.name for f in model.functions} == fns
     used = {n.op_type for n in model.graph.node if n.domain == "arkinfer"}
-    assert used == {"InfLLMv2Attention", "MarlinLinear"}
+    assert used == fns
     assert sum(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer) > 20
     assert "InfLLM v2" in result.ops["attention"]
     assert all(v.startswith("marlin 4-bit g128") for v in result.layers.values())
