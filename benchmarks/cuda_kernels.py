@@ -6,8 +6,10 @@ sparse_config with dense_len -1) at 32K and 128K context. Dense = torch SDPA of 
 of each KV group against that head's whole cache (each KV head read once). InfLLM v2 = the
 incremental compression of the new key + stage 1 (select) + stage 2 (sparse_decode), every call.
 W4A16: K x N (in_features x out_features) 4096x4096, 4096x16384, 16384x4096, batch 1 (and 16),
-group size 128. Every timed call runs after a 256 MiB write that evicts L2 (a real decode step
-reads other layers' weights in between); times are CUDA-event medians.
+group size 128. Every timed call runs after a 256 MiB read that evicts L2 (a real decode step
+reads other layers' weights in between; a write would leave dirty lines whose write-back the timed
+call would pay); times are CUDA-event medians of CUDA-graph replays (the
+GPU's time; the attention rows also give the eager time of Python launching each call).
 
     .venv/bin/python benchmarks/cuda_kernels.py [--out benchmarks/results/cuda_kernels.json]
 
@@ -50,21 +52,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class Timer:
-    """CUDA-event time of fn() in ms, median over iters, L2 flushed before each call."""
+    """CUDA-event time of fn() in ms, median over iters, L2 evicted (by a read) before each call.
+
+    graph=True (the default) replays fn captured once as a CUDA graph, so the time is the GPU's
+    alone; graph=False calls fn from Python each time, so a call that launches small kernels also
+    pays the ctypes/torch launch overhead (what an eager Python caller sees). Falls back to eager
+    (and says so in `self.fallbacks`) where capture fails."""
 
     def __init__(self, iters: int) -> None:
         self.iters = iters
         self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        self.fallbacks: list[str] = []
 
-    def __call__(self, fn: Callable[[], object]) -> float:
-        for _ in range(3):
+    def _captured(self, fn: Callable[[], object]) -> Callable[[], object]:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):        # warm-up off the default stream, as torch asks
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             fn()
+        return graph.replay
+
+    def __call__(self, fn: Callable[[], object], graph: bool = True) -> float:
+        run = fn
+        if graph:
+            try:
+                run = self._captured(fn)
+            except RuntimeError as e:
+                self.fallbacks.append(f"{getattr(fn, '__name__', fn)}: {e}".splitlines()[0])
+        for _ in range(3):
+            run()
         times = []
         for _ in range(self.iters):
-            self.flush.fill_(1)
+            self.flush.sum(dtype=torch.int64)   # read 256 MiB: L2 holds other (clean) data
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            run()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
@@ -75,7 +101,7 @@ def copy_bandwidth(timer: Timer) -> float:
     """Device-to-device copy of 1 GiB: GB/s counting the read and the write."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = timer(lambda: dst.copy_(src))
+    ms = timer(lambda: dst.copy_(src), graph=False)
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
@@ -108,12 +134,20 @@ def attention_row(kern, timer: Timer, length: int) -> dict:
 
     dense_ms, sparse_ms = timer(dense), timer(decode_step)
     select_ms, attend_ms = timer(select), timer(attend)
+    dense_eager_ms, sparse_eager_ms = timer(dense, graph=False), timer(decode_step, graph=False)
+    # bytes a step must read: dense the whole cache; sparse the fine compressed keys (fp32) and
+    # the selected blocks' K and V rows
+    sparse_bytes = fine.numel() * 4 + 2 * HKV * cfg.budget * cfg.block_size * D * 2
     print(f"attention {length:>6}: dense {dense_ms:.3f} ms  infllmv2 {sparse_ms:.3f} ms "
-          f"(select {select_ms:.3f}, attend {attend_ms:.3f})  x{dense_ms / sparse_ms:.2f}")
+          f"(select {select_ms:.3f}, attend {attend_ms:.3f})  x{dense_ms / sparse_ms:.2f}; "
+          f"eager (Python launches) dense {dense_eager_ms:.3f} ms infllmv2 {sparse_eager_ms:.3f} ms")
     return {"context": length, "dense_sdpa_ms": dense_ms, "infllmv2_ms": sparse_ms,
             "select_ms": select_ms, "sparse_attention_ms": attend_ms,
             "speedup": dense_ms / sparse_ms,
-            "dense_GBps": 2 * k.numel() * 2 / (dense_ms * 1e-3) / 1e9}
+            "dense_eager_ms": dense_eager_ms, "infllmv2_eager_ms": sparse_eager_ms,
+            "speedup_eager": dense_eager_ms / sparse_eager_ms,
+            "dense_GBps": 2 * k.numel() * 2 / (dense_ms * 1e-3) / 1e9,
+            "infllmv2_GBps": sparse_bytes / (sparse_ms * 1e-3) / 1e9}
 
 
 def gemv_row(kern, timer: Timer, b: torch.Tensor, s: torch.Tensor, w16: torch.Tensor, m: int,
@@ -144,7 +178,9 @@ def gemv_rows(kern, timer: Timer, batches: list[int], copy_gbps: float) -> list[
     for k, n in GEMV_SHAPES:
         groups = k // GROUP
         qw = QuantizedWeight(codes=rng.integers(0, 16, (n, k)).astype(np.uint8),
-                             scales=(rng.random((n, groups)) * 0.02).astype(np.float32),
+                             # Marlin stores fp16 scales: draw them fp16-representable
+                             scales=(rng.random((n, groups)) * 0.02).astype(np.float16)
+                             .astype(np.float32),
                              zeros=np.full((n, groups), 8, np.int32), bits=4, group_size=GROUP,
                              sym=True)
         packed = MARLIN.pack(qw)
@@ -180,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         "copy_GBps": copy_gbps,
         "attention": [attention_row(kern, timer, length) for length in CONTEXTS],
         "w4a16": gemv_rows(kern, timer, [int(b) for b in args.batches.split(",")], copy_gbps),
+        "timing": "CUDA-graph replay (GPU time) unless listed in graph_fallbacks; *_eager_ms: "
+                  "Python launches each call",
     }
+    result["graph_fallbacks"] = timer.fallbacks
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

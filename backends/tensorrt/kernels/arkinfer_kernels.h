@@ -31,12 +31,13 @@ int arkinfer_marlin_dequant_host(const int* B, const uint16_t* s, float* w, int 
                                  int group_size);
 
 /* ---- InfLLM v2 decode (infllmv2.cu), docs/infllmv2.md ----------------------------------------
- * One sequence, one new query token. dtype: 0 = fp16, 1 = bf16 (q, k, v, out).
+ * One sequence, one new query token. dtype: 0 = fp16, 1 = bf16, 2 = fp32 (q, k, v, out).
  * q [hq, d]; k, v [hkv, cap, d] (head stride kv_head_stride elements, rows of d), the first
  * `length` rows valid (length includes the new token); hq % hkv == 0, hq / hkv <= 16,
  * d % 32 == 0, d <= 128. Compressed keys fp32 [hkv, n_cap, d] with head stride *_head_stride. */
 #define ARKINFER_FP16 0
 #define ARKINFER_BF16 1
+#define ARKINFER_FP32 2
 
 /* Mean-pool kernels j in [n(old_len), n(new_len)) with n(L) = (L - kernel) / stride + 1 (0 if
  * L < kernel): out[g, j, :] = mean(k[g, stride*j : stride*j + kernel, :]) in fp32. Incremental

@@ -20,7 +20,7 @@ from arkinfer.ops.infllmv2.config import SparseConfig
 __all__ = ["CudaKernels", "load"]
 
 _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
-_DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}   # arkinfer_kernels.h
 _SIGNATURES = {
     "arkinfer_marlin_gemm": (_P, _P, _P, _P, _I, _I, _I, _I, _P),
     "arkinfer_infllmv2_compress": (_P, _I, _I, _I, _L, _I, _I, _I, _I, _P, _L, _P),

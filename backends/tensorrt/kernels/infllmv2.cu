@@ -1,5 +1,5 @@
 // InfLLM v2 decode on CUDA (docs/infllmv2.md §2-§4): one sequence, one new query token, GQA.
-// fp16/bf16 in, fp32 accumulation. The C ABI and layouts are in arkinfer_kernels.h.
+// fp16/bf16/fp32 in, fp32 accumulation. The C ABI and layouts are in arkinfer_kernels.h.
 //
 // compress:  one warp per (KV head, new kernel): fp32 mean of `kernel` key rows.
 // select:    (1) per KV head, warp-per-coarse-kernel logits for the group, then lse[hq];
@@ -28,9 +28,11 @@ constexpr int kAttnThreads = 128;
 constexpr int kTopkThreads = 1024;
 constexpr int kMaxBlocks = 12000;  // keys in dynamic shared memory, under the 48 KiB default
 
+__device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ half from_float<half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
@@ -308,17 +310,43 @@ __global__ void sparse_attn_kernel(const T* __restrict__ q, const T* __restrict_
     if (blk < 0) continue;
     for (int t0 = blk * block_size; t0 < min((blk + 1) * block_size, length); t0 += kTileKeys) {
       const int n_keys = min(kTileKeys, min((blk + 1) * block_size, length) - t0);
-      for (int i = tid; i < kTileKeys * d; i += blockDim.x) {
-        const int t = i / d, dd = i % d;
-        const bool ok = t < n_keys;
-        ks[t][dd] = ok ? to_float(kh[(long long)(t0 + t) * d + dd]) : 0.f;
-        vs[t][dd] = ok ? to_float(vh[(long long)(t0 + t) * d + dd]) : 0.f;
+      // The tile's K and V rows as 16-byte loads, every load issued before the first is used
+      // (one memory round trip per tile; loading element by element made it one per element).
+      constexpr int kVec = 16 / sizeof(T);
+      constexpr int kLoads = kTileKeys * kMaxD / 4 / kAttnThreads;   // fp32: 8; 16-bit: 4 used
+      const int vec_per_row = d / kVec, n_vec = kTileKeys * vec_per_row;
+      uint4 kr[kLoads], vr[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int i = tid + u * kAttnThreads, t = i / vec_per_row, c = i % vec_per_row;
+        const bool ok = i < n_vec && t < n_keys;
+        const long long off = (long long)(t0 + t) * d + c * kVec;
+        kr[u] = ok ? __ldg(reinterpret_cast<const uint4*>(kh + off)) : make_uint4(0, 0, 0, 0);
+        vr[u] = ok ? __ldg(reinterpret_cast<const uint4*>(vh + off)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int i = tid + u * kAttnThreads, t = i / vec_per_row, c = i % vec_per_row;
+        if (i >= n_vec) break;
+        const T* kv = reinterpret_cast<const T*>(&kr[u]);
+        const T* vv = reinterpret_cast<const T*>(&vr[u]);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          ks[t][c * kVec + e] = to_float(kv[e]);
+          vs[t][c * kVec + e] = to_float(vv[e]);
+        }
       }
       __syncthreads();
       for (int h = warp; h < group; h += blockDim.x / 32) {   // lane = key in the tile
-        float dot = 0.f;
-        for (int dd = 0; dd < d; ++dd) dot += qs[h * d + dd] * ks[lane][dd];
-        ps[h][lane] = lane < n_keys ? scale * dot : -INFINITY;
+        float dot0 = 0.f, dot1 = 0.f;                            // two chains for latency
+        for (int d0 = 0; d0 < d; d0 += 32) {
+#pragma unroll
+          for (int e = 0; e < 32; e += 2) {
+            dot0 += qs[h * d + d0 + e] * ks[lane][d0 + e];
+            dot1 += qs[h * d + d0 + e + 1] * ks[lane][d0 + e + 1];
+          }
+        }
+        ps[h][lane] = lane < n_keys ? scale * (dot0 + dot1) : -INFINITY;
       }
       __syncthreads();
       if (tid < group) {
@@ -372,10 +400,9 @@ __global__ void merge_kernel(const float* __restrict__ partial, int group, int d
   for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, base[sp * step + d]);
   float num = 0.f, den = 0.f;
 #pragma unroll 8
-  for (int sp = 0; sp < splits; ++sp) {
+  for (int sp = 0; sp < splits; ++sp) {   // branch-free, so 8 splits' loads are in flight at once
     const float m = base[sp * step + d];
-    if (m == -INFINITY) continue;
-    const float w = __expf(m - mx);
+    const float w = m == -INFINITY ? 0.f : __expf(m - mx);   // an empty split adds nothing
     num += w * base[sp * step + dd];
     den += w * base[sp * step + d + 1];
   }
@@ -483,6 +510,17 @@ cudaError_t sparse_t(const void* q, const void* k, const void* v, long long kv_h
   return cudaGetLastError();
 }
 
+// Calls fn(T{}) with T the element type of `dtype` (ARKINFER_FP16 / BF16 / FP32).
+template <typename Fn>
+int by_dtype(int dtype, Fn&& fn) {
+  switch (dtype) {
+    case ARKINFER_FP16: return (int)fn(half{});
+    case ARKINFER_BF16: return (int)fn(__nv_bfloat16{});
+    case ARKINFER_FP32: return (int)fn(float{});
+    default: return (int)cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 extern "C" int arkinfer_infllmv2_compress(const void* k, int dtype, int hkv, int d,
@@ -493,13 +531,10 @@ extern "C" int arkinfer_infllmv2_compress(const void* k, int dtype, int hkv, int
       new_len < old_len) {
     return (int)cudaErrorInvalidValue;
   }
-  if (dtype == ARKINFER_FP16)
-    return (int)compress_t<half>(k, hkv, d, kv_head_stride, old_len, new_len, kernel_size,
-                                 kernel_stride, out, out_head_stride, stream);
-  if (dtype == ARKINFER_BF16)
-    return (int)compress_t<__nv_bfloat16>(k, hkv, d, kv_head_stride, old_len, new_len, kernel_size,
-                                          kernel_stride, out, out_head_stride, stream);
-  return (int)cudaErrorInvalidValue;
+  return by_dtype(dtype, [&](auto t) {
+    return compress_t<decltype(t)>(k, hkv, d, kv_head_stride, old_len, new_len, kernel_size,
+                                   kernel_stride, out, out_head_stride, stream);
+  });
 }
 
 extern "C" size_t arkinfer_infllmv2_workspace_bytes(int hq, int hkv, int d, int length,
@@ -523,16 +558,11 @@ extern "C" int arkinfer_infllmv2_select(const void* q, int dtype, const float* f
       budget <= 0 || n_blocks > kMaxBlocks) {
     return (int)cudaErrorInvalidValue;
   }
-  if (dtype == ARKINFER_FP16)
-    return (int)select_t<half>(q, fine, fine_head_stride, coarse, coarse_head_stride, hq, hkv, d,
-                               length, kernel_size, kernel_stride, block_size, init_blocks,
-                               local_blocks, budget, scale, idx, workspace, stream);
-  if (dtype == ARKINFER_BF16)
-    return (int)select_t<__nv_bfloat16>(q, fine, fine_head_stride, coarse, coarse_head_stride, hq,
-                                        hkv, d, length, kernel_size, kernel_stride, block_size,
-                                        init_blocks, local_blocks, budget, scale, idx, workspace,
-                                        stream);
-  return (int)cudaErrorInvalidValue;
+  return by_dtype(dtype, [&](auto t) {
+    return select_t<decltype(t)>(q, fine, fine_head_stride, coarse, coarse_head_stride, hq, hkv, d,
+                                 length, kernel_size, kernel_stride, block_size, init_blocks,
+                                 local_blocks, budget, scale, idx, workspace, stream);
+  });
 }
 
 extern "C" int arkinfer_infllmv2_sparse_decode(const void* q, const void* k, const void* v,
@@ -543,11 +573,8 @@ extern "C" int arkinfer_infllmv2_sparse_decode(const void* q, const void* k, con
   if (!shapes_ok(hq, hkv, d) || length <= 0 || block_size <= 0 || budget <= 0) {
     return (int)cudaErrorInvalidValue;
   }
-  if (dtype == ARKINFER_FP16)
-    return (int)sparse_t<half>(q, k, v, kv_head_stride, idx, hq, hkv, d, length, block_size, budget,
-                               scale, out, workspace, stream);
-  if (dtype == ARKINFER_BF16)
-    return (int)sparse_t<__nv_bfloat16>(q, k, v, kv_head_stride, idx, hq, hkv, d, length,
-                                        block_size, budget, scale, out, workspace, stream);
-  return (int)cudaErrorInvalidValue;
+  return by_dtype(dtype, [&](auto t) {
+    return sparse_t<decltype(t)>(q, k, v, kv_head_stride, idx, hq, hkv, d, length, block_size,
+                                 budget, scale, out, workspace, stream);
+  });
 }

@@ -19,5 +19,5 @@ from arkinfer.backends.tensorrt.kernels.infllmv2_torch import (  # noqa: E402
     infllmv2_attention_cuda,
 )
 
-IMPL = Infllmv2Impl("cuda", infllmv2_attention_cuda, dtypes=(torch.bfloat16,),
+IMPL = Infllmv2Impl("cuda", infllmv2_attention_cuda, dtypes=(torch.float32, torch.bfloat16),
                     tracks_memory=False, stage2=block_sparse_attention_cuda, heavy=False)
