@@ -59,12 +59,6 @@ static void widen_rows(const uint16_t *src, int64_t ld, int64_t n, int64_t D, in
     }
 }
 
-
-static inline void prefetch_rows_l2(const char *p, int64_t ld_bytes, int64_t n, int64_t row_bytes) {
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t j = 0; j < row_bytes; j += 64) _mm_prefetch(p + t * ld_bytes + j, _MM_HINT_T1);
-}
-
 /* exp(x): Cody-Waite reduction x = n ln2 + r, Cephes' degree-6 polynomial on r, 2^n applied as
  * two factors so results down to the subnormals and up to +inf come out right. */
 static inline __m256 exp256(__m256 x) {
@@ -163,31 +157,45 @@ static void scores_tile(int NV, const float *qT, int64_t qs, int64_t D, const fl
 
 #define ARK_INLINE static inline __attribute__((always_inline))
 
-/* Scores of G <= 4 heads as dot products along D (q row-major: q[g * D + d]): 2 rows x G heads of
- * 8-float accumulators, one horizontal sum each. A head tile would waste 8 - G of its 8 lanes. */
+/* The 8 sums of a0..a7's lanes, in order: one reduction tree (9 instructions) instead of 8
+ * horizontal sums (~7 each; callgrind: they were a fifth of the G <= 4 dot-product loop). */
+static inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                             __m256 a6, __m256 a7) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* Scores of G <= 4 heads as dot products along D (q row-major: q[g * D + d]). A head tile would
+ * waste 8 - G of its 8 lanes. 8 accumulators at once, R = 8 / G4 rows x G4 heads (G4 = G, or 4
+ * for G = 3: one idle head), reduced by hsum8x8 into one vector: lane r + R * g is row r of
+ * head g. Leftover rows (n % R), one at a time. */
 ARK_INLINE void scores_dot(const int G, const float *q, int64_t D, const float *k, int64_t ld,
                            int64_t n, float *s, int64_t ns) {
+    const int G4 = G == 3 ? 4 : G, R = 8 / G4;
     int64_t t = 0;
-    for (; t + 2 <= n; t += 2) {
-        const float *k0 = k + t * ld, *k1 = k0 + ld;
-        __m256 a0[4], a1[4];
-        for (int g = 0; g < G; g++) a0[g] = a1[g] = _mm256_setzero_ps();
+    for (; t + R <= n; t += R) {
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d += 8) {
-            const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
+            __m256 x[8];
+            for (int r = 0; r < R; r++) x[r] = _mm256_loadu_ps(k + (t + r) * ld + d);
             for (int g = 0; g < G; g++) {
                 const __m256 qv = _mm256_loadu_ps(q + g * D + d);
-                a0[g] = _mm256_fmadd_ps(x0, qv, a0[g]);
-                a1[g] = _mm256_fmadd_ps(x1, qv, a1[g]);
+                for (int r = 0; r < R; r++) a[g * R + r] = _mm256_fmadd_ps(x[r], qv, a[g * R + r]);
             }
         }
-        for (int g = 0; g < G; g++) s[g * ns + t] = hsum256(a0[g]), s[g * ns + t + 1] = hsum256(a1[g]);
+        float out[8];
+        _mm256_storeu_ps(out, hsum8x8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]));
+        for (int g = 0; g < G; g++)
+            for (int r = 0; r < R; r++) s[g * ns + t + r] = out[g * R + r];
     }
     for (; t < n; t++) {
         for (int g = 0; g < G; g++) {
-            __m256 a = _mm256_setzero_ps();
+            __m256 acc = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8)
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(k + t * ld + d), _mm256_loadu_ps(q + g * D + d), a);
-            s[g * ns + t] = hsum256(a);
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(k + t * ld + d), _mm256_loadu_ps(q + g * D + d), acc);
+            s[g * ns + t] = hsum256(acc);
         }
     }
 }
@@ -231,18 +239,13 @@ ARK_INLINE void pv_tile(const int H, const int W, const float *p, int64_t np, co
 
 /* out [GP, D] += p [GP, n] (row stride np) @ rows [n, D], GP = 1, 2 or a multiple of 4 (the
  * padded heads' p rows hold zeros). Tiles: 4 heads x 16 floats, or GP x 32 floats for GP <= 2.
- * Each 64-byte column j of the rows is read once per tile of heads; the first pass over column j
- * prefetches column j + 16 into L1, the last one the first column of `next` (the following
- * run's rows, next_n of them, or NULL), so the passes after the first hit L1. */
+ * Each 64-byte column j of the rows is read once per tile of heads (from L1 / L2: the caller
+ * prefetched the rows; an L1 prefetch of the next column here was 10 % of the step's
+ * instructions and measured no faster). */
 static void pv_tiles(const float *p, int64_t np, int64_t GP, const float *v, int64_t ld, int64_t D,
-                     int64_t n, float *out, const float *next, int64_t next_ld, int64_t next_n) {
+                     int64_t n, float *out) {
     const int64_t width = GP <= 2 && D % 32 == 0 ? 32 : 16;
     for (int64_t j = 0; j < D; j += width) {
-        for (int64_t c = j + 16; c < j + 16 + width; c += 16) {
-            const float *pf = c < D ? v + c : next;
-            const int64_t pf_ld = c < D ? ld : next_ld, pf_n = c < D ? n : pf ? next_n : 0;
-            for (int64_t t = 0; t < pf_n; t++) _mm_prefetch((const char *)(pf + t * pf_ld), _MM_HINT_T0);
-        }
         if (GP == 1 && width == 32) pv_tile(1, 4, p, np, v + j, ld, n, out + j, D);
         else if (GP == 2 && width == 32) pv_tile(2, 4, p, np, v + j, ld, n, out + j, D);
         else if (GP == 1) pv_tile(1, 2, p, np, v + j, ld, n, out + j, D);
