@@ -34,7 +34,8 @@
 #define CHUNK_KERNELS 512   /* compressed keys per stage-1 task */
 #define CHUNK_ROWS 512      /* selected KV rows per stage-2 task */
 #define RUN_ROWS 32         /* rows widened / scored at once (fp32 buffer: 32 * D floats, L1) */
-#define PF_AHEAD 16         /* rows requested ahead of the one read (8 KiB of fp32 K) */
+#define PF_AHEAD 16         /* KV rows requested ahead of the one read (8 KiB of fp32 K) */
+#define SCAN_AHEAD 32       /* compressed keys requested ahead of the one scored (16 KiB) */
 #define BLOCK_BITS 24
 #define BLOCK_MASK ((1LL << BLOCK_BITS) - 1)
 
@@ -134,7 +135,19 @@ static void score_compressed(const ctx_t *c, int64_t task) {
     }
     const int64_t lo = chunk * CHUNK_KERNELS, len = n - lo < CHUNK_KERNELS ? n - lo : CHUNK_KERNELS;
     const float *qT = c->qT1 + bh * c->QH;
-    scores_tiles(qT, qT + c->D * c->Gp, c->G, c->D, keys + lo * ld, ld, len, out + lo, n);
+    /* The keys are contiguous, but the hardware prefetcher restarts at every 4 KiB page: rows
+     * requested SCAN_AHEAD ahead (into L1: 1-6 % better than L2) made the whole step 9-13 %
+     * faster with the cache in L3 (128K, one thread: group 2 1.59 -> 1.44 ms, group 16 4.08 ->
+     * 3.55 ms), 5 % at 32K, ~1 % from DRAM. */
+    for (int64_t t = 0; t < len; t += SCAN_AHEAD) {
+        const int64_t m = len - t < SCAN_AHEAD ? len - t : SCAN_AHEAD;
+        const int64_t pf_end = lo + t + m + SCAN_AHEAD < n ? lo + t + m + SCAN_AHEAD : n;
+        for (int64_t r = lo + t + SCAN_AHEAD; r < pf_end; r++)
+            for (int64_t j = 0; j < c->D * 4; j += 64)
+                _mm_prefetch((const char *)(keys + r * ld) + j, _MM_HINT_T0);
+        scores_tiles(qT, qT + c->D * c->Gp, c->G, c->D, keys + (lo + t) * ld, ld, m, out + lo + t,
+                     n);
+    }
 }
 
 /* -- phase B: coarse log-sum-exp --------------------------------------------------------------- */
@@ -286,7 +299,8 @@ static void prefetch_stream(const ctx_t *c, const int64_t *far, const char *kb, 
     const int64_t n = hi - lo, kld = c->a->k_sr * c->esz, vld = c->a->v_sr * c->esz;
     if (from < n) prefetch_rows(c, far, kb, kld, lo + from, lo + (to < n ? to : n));
     if (to > n && from < 2 * n)
-        prefetch_rows(c, far, vb, vld, lo + (from > n ? from - n : 0), lo + (to < 2 * n ? to - n : n));
+        prefetch_rows(c, far, vb, vld, lo + (from > n ? from - n : 0),
+                      lo + (to < 2 * n ? to - n : n));
     if (to > 2 * n) {
         const int64_t end = hi + to - 2 * n < c->rows ? hi + to - 2 * n : c->rows;
         prefetch_rows(c, far, kb, kld, hi + (from > 2 * n ? from - 2 * n : 0), end);

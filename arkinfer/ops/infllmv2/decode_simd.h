@@ -163,7 +163,8 @@ static inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 
                              __m256 a6, __m256 a7) {
     const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
 /* Scores of G <= 4 heads as dot products along D (q row-major: q[g * D + d]). A head tile would
@@ -194,7 +195,8 @@ ARK_INLINE void scores_dot(const int G, const float *q, int64_t D, const float *
         for (int g = 0; g < G; g++) {
             __m256 acc = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(k + t * ld + d), _mm256_loadu_ps(q + g * D + d), acc);
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(k + t * ld + d),
+                                      _mm256_loadu_ps(q + g * D + d), acc);
             s[g * ns + t] = hsum256(acc);
         }
     }
