@@ -1,15 +1,22 @@
-"""Decode speed of the tensorrt backend's host runner (onnxruntime, int4 via MatMulNBits) vs
-llama.cpp's Q4_0 on the same real model (SmolLM2-135M-Instruct), same machine, same run.
+"""Decode speed of the tensorrt backend's host runner (onnxruntime: int4 via MatMulNBits, RMSNorm /
+RoPE + attention via onnxruntime's fused contrib ops, KV cache in bound buffers) vs llama.cpp's
+Q4_0 on the same real model (SmolLM2-135M-Instruct), same machine, same run; optionally vs
+onnxruntime-genai's model builder output too (`--genai-python`, genai_builder.py).
 
 SmolLM2's 576-wide rows cannot take Marlin (576 % 128 != 0), so the artifact is the `--quant gptq`
 layout with group size 64 (RTN codes: speed does not depend on how codes were chosen), lowered by
 the tensorrt backend exactly as `arkinfer build` does; llama.cpp runs the Q4_0 requantisation of
-the shipped Q4_1 GGUF (llama.cpp's own quantiser, default per-tensor rules). Both get the same
-threads, the same prompt ids, a warm-up, and `--tokens` timed greedy-fed decode steps.
+the shipped Q4_1 GGUF (llama.cpp's own quantiser, default per-tensor rules). All get the same
+threads, the same prompt ids, a warm-up, and `--tokens` timed greedy-fed decode steps; the
+repetitions go round-robin over the runtimes so that a noisy neighbour hits them all alike.
 
-    python benchmarks/onnx_vs_llamacpp.py --json benchmarks/results/onnx_vs_llamacpp.json
-    python benchmarks/onnx_vs_llamacpp.py --accuracy-level 4 \
-        --json benchmarks/results/onnx_vs_llamacpp_int8.json
+    python benchmarks/onnx_vs_llamacpp.py --accuracy-level 4 --nbits-baseline \
+        --genai-python /tmp/genai-venv/bin/python --json benchmarks/results/onnx_vs_llamacpp_int8.json
+
+On a CPU with AMX, llama-cpp-python built natively (-march=native) may crash in
+ggml_backend_amx_mul_mat; build it without AMX into a folder and put that first on PYTHONPATH:
+CMAKE_ARGS="-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='...'"
+pip install --no-deps --target DIR llama-cpp-python==<the installed version>.
 """
 
 from __future__ import annotations
@@ -26,17 +33,24 @@ import torch
 from machine import machine_info
 
 
-def _decode_rate(runner, prompt: list[int], steps: int, reps: int) -> list[float]:
-    """tokens/s of `steps` decode calls after a prefill of `prompt`, `reps` times (one warm-up)."""
-    rates = []
+def _decode_rate(runner, prompt: list[int], steps: int) -> float:
+    """tokens/s of `steps` decode calls after a prefill of `prompt`."""
+    runner.reset()
+    token = int(runner.prefill(prompt).argmax())
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        token = int(runner.decode(token).argmax())
+    return steps / (time.perf_counter() - t0)
+
+
+def _round_robin(timers: dict, reps: int) -> dict[str, list[float]]:
+    """name -> `reps` rates; one warm-up round first, then the runtimes take turns."""
+    rates: dict[str, list[float]] = {name: [] for name in timers}
     for rep in range(reps + 1):
-        runner.reset()
-        token = int(runner.prefill(prompt).argmax())
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            token = int(runner.decode(token).argmax())
-        if rep:
-            rates.append(steps / (time.perf_counter() - t0))
+        for name, timer in timers.items():
+            rate = timer()
+            if rep:
+                rates[name].append(rate)
     return rates
 
 
@@ -71,11 +85,17 @@ def _q4_0(src: Path, dst: Path) -> None:
         raise RuntimeError(f"llama.cpp could not requantise {src} to Q4_0")
 
 
-def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: int = 0) -> dict:
+def _entry(rates: list[float], **extra) -> dict:
+    return {**extra, "tokens_per_s": round(statistics.median(rates), 2),
+            "runs": [round(r, 2) for r in rates]}
+
+
+def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: int = 0,
+        nbits_baseline: bool = False, genai_python: str | None = None) -> dict:
     from arkinfer.backends.gguf.runner import LlamaCppRunner
     from arkinfer.backends.onnx.runner import OnnxRunner
 
-    from arkinfer.testing.smollm2 import smollm2_gguf_path
+    from arkinfer.testing.smollm2 import smollm2_gguf_path, smollm2_hf_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -84,48 +104,101 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
                                  accuracy_level=accuracy_level)
         text = (Path(__file__).parents[1] / "arkinfer/data/corpus_eval.txt").read_text()[:4000]
         prompt = onnx_runner.tokenize(text)[:prompt_len]
-        onnx_rates = _decode_rate(onnx_runner, prompt, steps, reps)
-        del onnx_runner
         q4_0 = work / "smollm2-q4_0.gguf"
         _q4_0(smollm2_gguf_path(), q4_0)
         llama = LlamaCppRunner(q4_0, n_ctx=prompt_len + steps + 8, n_threads=threads)
-        llama_rates = _decode_rate(llama, prompt, steps, reps)
-    onnx_tps, llama_tps = statistics.median(onnx_rates), statistics.median(llama_rates)
-    return {
+        timers = {"onnxruntime": lambda: _decode_rate(onnx_runner, prompt, steps),
+                  "llama_cpp": lambda: _decode_rate(llama, prompt, steps)}
+        if nbits_baseline:
+            nbits = OnnxRunner(art, ops="nbits", threads=threads, accuracy_level=accuracy_level)
+            timers["onnxruntime_nbits_only"] = lambda: _decode_rate(nbits, prompt, steps)
+        if genai_python:
+            import genai_builder
+
+            folder = genai_builder.build(genai_python, smollm2_hf_dir(), work / "genai", 64,
+                                         accuracy_level)
+            same = genai_builder.GenaiGraphRunner(folder, threads)
+            timers["genai_model_same_runtime"] = lambda: _decode_rate(same, prompt, steps)
+            timers["genai_generator"] = lambda: genai_builder.generator_rates(
+                genai_python, folder, prompt, steps, 1, threads)["rates"][0]
+        rates = _round_robin(timers, reps)
+    onnx_tps, llama_tps = (statistics.median(rates[k]) for k in ("onnxruntime", "llama_cpp"))
+    result = {
         "benchmark": "decode tokens/s, SmolLM2-135M-Instruct int4, batch 1",
-        "onnxruntime": {"artifact": "tensorrt backend, gptq 4-bit g64 (lm_head too) -> "
-                                    "com.microsoft.MatMulNBits",
-                        "accuracy_level": accuracy_level, "tokens_per_s": round(onnx_tps, 2),
-                        "runs": [round(r, 2) for r in onnx_rates]},
-        "llama_cpp": {"model": "Q4_0 (llama_model_quantize of the shipped Q4_1 GGUF)",
-                      "tokens_per_s": round(llama_tps, 2), "runs": [round(r, 2) for r in llama_rates]},
+        "onnxruntime": _entry(rates["onnxruntime"], artifact="tensorrt backend, gptq 4-bit g64 "
+                              "(lm_head too) -> com.microsoft.MatMulNBits + fused contrib ops",
+                              accuracy_level=accuracy_level, fused=onnx_runner.fused,
+                              packed_qkv=onnx_runner.packed_qkv,
+                              shared_kv=onnx_runner.shared_kv is not None,
+                              version=ort_version()),
+        "llama_cpp": _entry(rates["llama_cpp"],
+                            model="Q4_0 (llama_model_quantize of the shipped Q4_1 GGUF)"),
+        "ratio_onnx_over_llamacpp": round(onnx_tps / llama_tps, 3),
         "ratio_llamacpp_over_onnx": round(llama_tps / onnx_tps, 3),
-        "within_2x": llama_tps / onnx_tps <= 2.0,
         "settings": {"threads": threads, "prompt_tokens": len(prompt), "decode_steps": steps,
-                     "repetitions": reps, "warmup": 1},
+                     "repetitions": reps, "warmup": 1, "order": "round-robin"},
         "machine": machine_info(threads=threads),
         "load_average_after": list(os.getloadavg()),
     }
+    if nbits_baseline:
+        result["onnxruntime_nbits_only"] = _entry(
+            rates["onnxruntime_nbits_only"], note="ops='nbits': MatMulNBits only, the other ops "
+            "as ONNX function bodies (the runner before the fused ops)")
+    if genai_python:
+        result["genai"] = {
+            "builder": f"onnxruntime_genai.models.builder -p int4 -e cpu block_size=64 "
+                       f"accuracy_level={accuracy_level}",
+            "model_same_runtime": _entry(rates["genai_model_same_runtime"], note="its "
+                                         "model.onnx in this onnxruntime, fed like our runner"),
+            "generator": _entry(rates["genai_generator"], note="og.Generator in the genai "
+                                "interpreter (its own onnxruntime, shared KV buffers)"),
+        }
+        for key in ("model_same_runtime", "generator"):
+            result["genai"][f"ratio_onnx_over_{key}"] = round(
+                onnx_tps / result["genai"][key]["tokens_per_s"], 3)
+    return result
+
+
+def ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--accuracy-level", type=int, default=0, choices=(0, 1, 2, 3, 4),
                     help="MatMulNBits accuracy_level: 0 fp32 activations (the runner's "
                          "default), 4 int8 activations (as llama.cpp)")
+    ap.add_argument("--nbits-baseline", action="store_true",
+                    help="also time ops='nbits' (MatMulNBits only: the runner before the fused "
+                         "ops) in the same rounds")
+    ap.add_argument("--genai-python", help="a Python with onnxruntime-genai (+ torch, "
+                    "transformers): also build and time its model builder's SmolLM2")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     load_before = list(os.getloadavg())
-    result = run(args.threads, args.tokens, args.reps, args.prompt, args.accuracy_level)
+    result = run(args.threads, args.tokens, args.reps, args.prompt, args.accuracy_level,
+                 args.nbits_baseline, args.genai_python)
     result["load_average_before"] = load_before
     print(f"onnxruntime (accuracy_level {args.accuracy_level}) "
           f"{result['onnxruntime']['tokens_per_s']} tok/s, llama.cpp Q4_0 "
-          f"{result['llama_cpp']['tokens_per_s']} tok/s, ratio "
-          f"{result['ratio_llamacpp_over_onnx']} (within 2x: {result['within_2x']})")
+          f"{result['llama_cpp']['tokens_per_s']} tok/s: onnx/llama.cpp "
+          f"{result['ratio_onnx_over_llamacpp']}")
+    if "onnxruntime_nbits_only" in result:
+        print(f"  ops='nbits' (no fused ops) {result['onnxruntime_nbits_only']['tokens_per_s']} "
+              "tok/s")
+    if "genai" in result:
+        g = result["genai"]
+        print(f"  onnxruntime-genai builder: same runtime {g['model_same_runtime']['tokens_per_s']}"
+              f" tok/s (onnx/genai {g['ratio_onnx_over_model_same_runtime']}), its generator "
+              f"{g['generator']['tokens_per_s']} tok/s (onnx/genai "
+              f"{g['ratio_onnx_over_generator']})")
+    print(f"  load average before {load_before}, after {result['load_average_after']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 

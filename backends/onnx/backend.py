@@ -43,15 +43,18 @@ class OnnxBackend(BackendBase):
         return lower(request, self.name)
 
     def load(self, artifact_dir: str | Path, manifest: dict | None = None, *,
-             bench: bool = False, ops: str | None = None, threads: int | None = None):
-        """OnnxRunner over artifact/model.onnx; ops "contrib" (MatMulNBits, default) or
-        "function" (every arkinfer node through its ONNX body); manifest `runner.ops` overrides
-        the default."""
-        from .runner import OnnxRunner
+             bench: bool = False, ops: str | None = None, threads: int | None = None,
+             accuracy_level: int | None = None):
+        """OnnxRunner over artifact/model.onnx; ops "contrib" (MatMulNBits + fused contrib ops,
+        default), "nbits" (MatMulNBits only) or "function" (every arkinfer node through its ONNX
+        body); manifest `runner.ops` / `runner.accuracy_level` override the defaults."""
+        from .runner import DEFAULT_ACCURACY_LEVEL, OnnxRunner
 
         runner_cfg = (manifest or {}).get("runner") or {}
+        level = accuracy_level if accuracy_level is not None else \
+            int(runner_cfg.get("accuracy_level", DEFAULT_ACCURACY_LEVEL))
         return OnnxRunner(artifact_dir, ops=ops or runner_cfg.get("ops", "contrib"),
-                          threads=threads)
+                          threads=threads, accuracy_level=level)
 
     def reference_weights(self, artifact_dir: str | Path) -> Path | None:
         """The `hf/` checkpoint (Marlin / GPTQ / AWQ) the ONNX graph was lowered from: the

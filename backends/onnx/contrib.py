@@ -12,6 +12,8 @@ time; the artifact on disk keeps the portable functions.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 from arkinfer.quant.formats import FormatError, get_format
@@ -38,7 +40,10 @@ def _unpack(node: onnx.NodeProto, arrays: dict[str, np.ndarray]):
         return get_format("marlin").unpack(arrays, n, k, group_size=group)
     layout = attr(node, "layout", b"gptq")
     layout = layout.decode() if isinstance(layout, bytes) else layout
-    qw = get_format(layout).unpack(arrays, n, k, bits=4, group_size=group)
+    # the node does not say whether the zero points are all 8 (symmetric): read them
+    qw = get_format(layout).unpack(arrays, n, k, bits=4, group_size=group, sym=False)
+    if bool((qw.zeros == 8).all()):
+        qw = dataclasses.replace(qw, sym=True)
     if layout == "gptq" and not np.array_equal(arrays["g_idx"], np.arange(k) // (group if group > 0
                                                                                    else k)):
         raise FormatError(f"{node.name}: act-order g_idx", "MatMulNBits has no g_idx")

@@ -15,8 +15,8 @@ from seqlens_k (= P+T-1: positions P..P+T-1, which is what the runner feeds), an
 rows [max_positions, D/2] built here from the node's inv_freq initializer exactly as the rope op
 computes them (fp32 angle = fp32 position x fp32 frequency, times rope_scale). LongRoPE's
 frequency switch (a Where over two initializers) becomes the same Where over two caches.
-seqlens_k and total_seq_len are computed once from the first attention's past_key and query (all
-layers' caches have the same length). A node stays a function (and is reported) when the op
+seqlens_k and total_seq_len are computed once from the last of the positions (P+T-1; every layer's
+cache holds the same P tokens). A node stays a function (and is reported) when the op
 cannot take it: head_dim not a multiple of 16, or frequencies that are not initializers.
 """
 
@@ -73,12 +73,12 @@ class _Swap:
         return self.tables[(inv, scale)]
 
     def seq_lengths(self, node: onnx.NodeProto, b: NodeBuilder) -> tuple[str, str]:
-        """(seqlens_k i32 [1] = P+T-1, total_seq_len i32 [1] = P+T), built once."""
+        """(seqlens_k i32 [1] = P+T-1, total_seq_len i32 [1] = P+T) from the last position
+        (not from past_key's shape: a preallocated cache is longer than P), built once."""
         if self.lengths is None:
-            total = b.op("Add", b.op("Shape", node.input[3], start=2, end=3),
-                         b.op("Shape", node.input[0], start=1, end=2))
-            total = b.op("Cast", total, to=TensorProto.INT32)
-            seqlens = b.op("Sub", total, b.const(np.array([1], np.int32)))
+            last = b.op("Slice", node.input[5], b.i64(-1), b.i64(np.iinfo(np.int64).max))
+            seqlens = b.op("Cast", last, to=TensorProto.INT32)
+            total = b.op("Add", seqlens, b.const(np.array([1], np.int32)))
             self.lengths = (seqlens, total)
         return self.lengths
 

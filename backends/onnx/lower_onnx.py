@@ -54,6 +54,7 @@ class _Lowering:
         self.inits: dict[str, TensorProto] = {}
         self.values: dict[str, str] = {}
         self.dim_values: dict[str, str] = {}
+        self.dim_inputs: dict[str, tuple[str, int]] = {}  # dim name -> (graph input, axis)
         self.memo: dict[Any, str] = {}
         self.layers: dict[str, str] = {}
         self.sparse = program.meta.get("sparse_config")
@@ -120,6 +121,10 @@ class _Lowering:
         expr = dims.as_sympy(d)
         if expr.is_Integer:
             out = self.b.i64(int(expr))
+        elif expr.is_Symbol and key in self.dim_inputs:
+            # a Shape node only where a dim is used: an unread Shape of a cache input would be a
+            # second reader of it (the host runner shares the cache only when GQA is the one)
+            out = self.b.dim(*self.dim_inputs[key])
         elif expr.is_Symbol:
             raise NotAvailableError(f"dim {key!r} is not bound by a graph input")
         else:
@@ -258,8 +263,8 @@ class _Lowering:
                                                                      else d for d in inp.type.shape]))
             self.values[inp.name] = name
             for axis, d in enumerate(inp.type.shape):
-                if isinstance(d, str) and dims.is_name(d) and d not in self.dim_values:
-                    self.dim_values[d] = self.b.dim(name, axis)
+                if isinstance(d, str) and dims.is_name(d) and d not in self.dim_inputs:
+                    self.dim_inputs[d] = (name, axis)
         meta = self.program.meta
         if self.sparse:
             for i in range(self.program.num_layers):

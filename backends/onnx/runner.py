@@ -9,8 +9,8 @@
 ops="function" runs every arkinfer-domain node through its ONNX function body (what any ONNX
 runtime does); ops="contrib" first swaps the quantised linears for com.microsoft.MatMulNBits
 (contrib.py) and RMSNorm / SkipRMSNorm / RotaryGQA for SimplifiedLayerNormalization /
-SkipSimplifiedLayerNormalization / GroupQueryAttention (contrib_fused.py); ops="nbits" swaps the
-linears only. All compute the same weights; tests check they agree.
+SkipSimplifiedLayerNormalization / GroupQueryAttention (contrib_fused.py), then packs each
+attention's q/k/v MatMulNBits into one (contrib_qkv.py); ops="nbits" swaps the linears only. All compute the same weights; tests check they agree.
 """
 
 from __future__ import annotations
@@ -29,17 +29,21 @@ from arkinfer.frontend.tokenizer import load_tokenizer
 
 from .contrib import use_matmul_nbits
 from .contrib_fused import use_fused_ops
+from .contrib_qkv import pack_qkv
+from .kv_shared import SharedKV, shareable
 from .fn_fused import ROTARY_GQA
 
 ONNX_FILE = "model.onnx"
 Ops = Literal["contrib", "nbits", "function"]
 MAX_POSITIONS_KEY = "arkinfer.max_positions"  # metadata: rows of the rope caches GQA reads
 DEFAULT_MAX_POSITIONS = 8192  # for a graph without that key
+DEFAULT_ACCURACY_LEVEL = 0  # MatMulNBits' fp32 activations (README.md, "Host runner")
 
 
 class OnnxRunner(StepRunner):
     def __init__(self, artifact_dir: str | Path, ops: Ops = "contrib",
-                 threads: int | None = None, accuracy_level: int = 0) -> None:
+                 threads: int | None = None,
+                 accuracy_level: int = DEFAULT_ACCURACY_LEVEL) -> None:
         """accuracy_level: MatMulNBits' compute precision (ops="contrib"): 0 (default) = fp32
         activations, the reference's numbers; 4 = activations quantised to int8 per block and
         integer dot products, as llama.cpp does on CPUs (about 2.7x faster decode on SmolLM2
@@ -58,6 +62,8 @@ class OnnxRunner(StepRunner):
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         self.ops, self.notes, self.fused, self.max_positions = ops, [], {}, None
+        self.packed_qkv = 0  # attentions whose q/k/v MatMulNBits were packed into one
+        self.shared_kv: SharedKV | None = None
         if ops in ("contrib", "nbits"):
             model = onnx.load(str(path))
             self.replaced, self.notes = use_matmul_nbits(model, accuracy_level=accuracy_level)
@@ -66,8 +72,12 @@ class OnnxRunner(StepRunner):
                 self.max_positions = int(props.get(MAX_POSITIONS_KEY, DEFAULT_MAX_POSITIONS))
                 self.fused, notes = use_fused_ops(model, self.max_positions)
                 self.notes += notes
+                self.packed_qkv = pack_qkv(model)
+            shared = ops == "contrib" and shareable(model)
             self.session = ort.InferenceSession(model.SerializeToString(), opts,
                                                 providers=["CPUExecutionProvider"])
+            if shared:  # KV in preallocated buffers GQA updates in place (kv_shared.py)
+                self.shared_kv = SharedKV(self.session, self.max_positions)
         else:
             self.replaced = 0
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -81,10 +91,13 @@ class OnnxRunner(StepRunner):
     def reset(self) -> None:
         """Empty every cache (KV and compressed keys: zero-length along their sequence axis)."""
         self.cache = {}
+        self.pos = 0
+        if self.shared_kv is not None:
+            self.shared_kv.reset()
+            return
         for i in self.past:
             shape = [0 if isinstance(d, str) or d is None else int(d) for d in i.shape]
             self.cache[i.name] = np.zeros(shape, np.float32)
-        self.pos = 0
 
     def _step(self, ids: list[int], last_only: bool = False) -> torch.Tensor:
         if self.fused.get(ROTARY_GQA) and self.pos + len(ids) > self.max_positions:
@@ -92,10 +105,12 @@ class OnnxRunner(StepRunner):
                 f"{self.pos + len(ids)} tokens exceed the {self.max_positions} rows of "
                 "GroupQueryAttention's cos/sin caches (the model's max_len)",
                 hint="shorten the context, or load with ops='nbits' (no fused attention)")
-        feeds = {"tokens": np.asarray([ids], np.int64),
-                 "positions": np.arange(self.pos, self.pos + len(ids), dtype=np.int64), **self.cache}
-        out = self.session.run(None, feeds)
+        tokens = np.asarray([ids], np.int64)
+        positions = np.arange(self.pos, self.pos + len(ids), dtype=np.int64)
+        self.pos += len(ids)
+        if self.shared_kv is not None:
+            return torch.from_numpy(self.shared_kv.run(tokens, positions)[0])
+        out = self.session.run(None, {"tokens": tokens, "positions": positions, **self.cache})
         for name, value in zip(self.outputs[1:], out[1:]):
             self.cache[name.replace("present.", "past.", 1)] = value
-        self.pos += len(ids)
         return torch.from_numpy(out[0][0])

@@ -44,6 +44,27 @@ def llama(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def llama_int4(tmp_path_factory) -> Path:
+    """tiny Llama, RTN 4-bit g32 asymmetric (zero points) in the gptq layout."""
+    from arkinfer.models.configs import tiny_config
+    from arkinfer.quant import QuantRecipe
+    from arkinfer.quant.calib.stream import calibrate
+    from arkinfer.quant.calib_data import calibration_from_ids
+    from arkinfer.quant.export import export_folder
+    from arkinfer.testing.synthetic import write_checkpoint
+
+    root = tmp_path_factory.mktemp("fused-llama-int4")
+    src = write_checkpoint(root / "hf", tiny_config("llama", vocab_size=300))
+    recipe = QuantRecipe("rtn", "gptq", 4, 32, sym=False)
+    ids = torch.randint(3, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    folder = export_folder(calibrate(src, recipe, calibration_from_ids(ids), root / "calib"),
+                           root / "q")
+    BACKEND.lower(LowerRequest(model_dir=folder, source_dir=src, recipe=recipe, dtype="f32",
+                               target=None, out_dir=root / "artifact"))
+    return root / "artifact"
+
+
+@pytest.fixture(scope="module")
 def minicpm_dense(tmp_path_factory) -> Path:
     from arkinfer.models.configs import tiny_config
 
@@ -78,12 +99,23 @@ def test_lowering_emits_the_fused_functions(llama):
 def test_runner_swaps_every_function_for_contrib_ops(llama):
     runner = BACKEND.load(llama, ops="contrib", threads=1)
     assert runner.fused == {"RotaryGQA": 2, "RMSNorm": 1, "SkipRMSNorm": 4} and not runner.notes
+    assert runner.packed_qkv == 0  # a float build has MatMul projections: nothing to pack
 
 
 @pytest.mark.parametrize("prompt", [1, 17])
 def test_fused_llama_equals_function_bodies(llama, prompt):
     diff, top1 = _compare(llama, _ids(prompt + 6, seed=prompt), prompt)
     print(f"tiny llama, prompt {prompt} + 6 decode steps: max abs diff {diff:.2e}, top-1 {top1}")
+    assert diff < 1e-4 and top1 == 1.0
+
+
+def test_int4_llama_packs_qkv_and_equals_function_bodies(llama_int4):
+    """MatMulNBits (accuracy_level 0) with q/k/v packed into one node feeding GQA's packed
+    query, zero points concatenated with their rows: the function-body graph's numbers."""
+    runner = BACKEND.load(llama_int4, ops="contrib", threads=1)
+    assert runner.packed_qkv == 2 and runner.replaced == 14 and not runner.notes
+    diff, top1 = _compare(llama_int4, _ids(26, seed=11), 20)
+    print(f"tiny llama int4 g32, 20 + 6 decode steps: max abs diff {diff:.2e}, top-1 {top1}")
     assert diff < 1e-4 and top1 == 1.0
 
 
@@ -123,6 +155,24 @@ def test_demo_model_fuses_norms_and_keeps_infllmv2(tmp_path):
     diff, top1 = _compare(tmp_path / "demo", _ids(30, seed=7, vocab=2048), 24)
     print(f"demo model, 24 + 6 decode steps: max abs diff {diff:.2e}")
     assert diff < 1e-4 and top1 == 1.0
+
+
+def test_shared_kv_buffers_grow_and_equal_function_bodies(llama, monkeypatch):
+    """The fused llama's cache is bound buffers GQA updates in place; starting them at 8 rows
+    makes a 5-token prefill + 14 decode steps grow them twice (8 -> 16 -> 32)."""
+    from arkinfer.backends.onnx import kv_shared
+
+    monkeypatch.setattr(kv_shared, "INITIAL", 8)
+    runner = BACKEND.load(llama, ops="contrib", threads=1)
+    plain = BACKEND.load(llama, ops="function", threads=1)
+    assert runner.shared_kv is not None and plain.shared_kv is None
+    ids = _ids(19, seed=13)
+    a, b = _steps(runner, ids, 5), _steps(plain, ids, 5)
+    assert runner.shared_kv.capacity == 32
+    assert float((a - b).abs().max()) < 1e-4 and bool((a.argmax(-1) == b.argmax(-1)).all())
+    runner.reset()
+    assert runner.shared_kv.capacity == 8
+    torch.testing.assert_close(runner.window_logits(ids), a, atol=1e-4, rtol=1e-4)
 
 
 def test_context_past_the_rope_caches_is_refused(llama):

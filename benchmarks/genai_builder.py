@@ -1,0 +1,109 @@
+"""onnxruntime-genai's model builder as a second onnxruntime reference for
+onnx_vs_llamacpp.py (`--genai-python`): build SmolLM2 with the builder (int4 MatMulNBits, same
+block size and accuracy_level as our runner), then time its decode two ways:
+
+    same runtime   its model.onnx in *this* onnxruntime, fed step by step like our runner
+                   (past_key_values.{i}.key/value in, present.{i}.* out, attention_mask)
+    genai's loop   its own Generator (og.Model / og.Generator, shared past/present buffers) in
+                   the interpreter that has onnxruntime-genai, with its own onnxruntime
+
+onnxruntime-genai needs torch + transformers for the builder; keep it out of ArkInfer's venv:
+
+    python3 -m venv /tmp/genai-venv
+    /tmp/genai-venv/bin/pip install onnxruntime-genai torch==2.13.0 transformers onnx onnx_ir
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def build(python: str, hf_dir: Path, out: Path, block_size: int, accuracy_level: int) -> Path:
+    """Run the builder (int4, CPU) in `python`; returns the output folder."""
+    cmd = [python, "-m", "onnxruntime_genai.models.builder", "-m", str(hf_dir), "-o", str(out),
+           "-p", "int4", "-e", "cpu", "-c", str(out.parent / "genai-cache"), "--extra_options",
+           f"block_size={block_size}", f"accuracy_level={accuracy_level}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0 or not (out / "model.onnx").is_file():
+        raise RuntimeError(f"onnxruntime-genai's builder failed ({' '.join(cmd)}):\n"
+                           f"{done.stderr[-2000:]}")
+    return out
+
+
+class GenaiGraphRunner:
+    """The builder's model.onnx in this process's onnxruntime: reset / prefill / decode -> the
+    last position's logits [V] (what _decode_rate needs)."""
+
+    def __init__(self, folder: Path, threads: int) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(folder / "model.onnx"), opts,
+                                            providers=["CPUExecutionProvider"])
+        self.past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
+        decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+        self.kv_shape = [1, int(decoder["num_key_value_heads"]), 0, int(decoder["head_size"])]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = {i.name: np.zeros(self.kv_shape, np.float32) for i in self.past}
+        self.pos = 0
+
+    def _step(self, ids: list[int]) -> torch.Tensor:
+        total = self.pos + len(ids)
+        feeds = {"input_ids": np.asarray([ids], np.int64),
+                 "attention_mask": np.ones([1, total], np.int64), **self.cache}
+        out = dict(zip(self.outputs, self.session.run(None, feeds)))
+        for name in self.cache:
+            self.cache[name] = out[name.replace("past_key_values.", "present.")]
+        self.pos = total
+        return torch.from_numpy(out["logits"][0, -1])
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        return self._step(list(ids))
+
+    def decode(self, token: int) -> torch.Tensor:
+        return self._step([int(token)])
+
+
+_GENERATOR = """
+import json, sys, time
+import onnxruntime_genai as og
+folder, prompt, steps, reps, threads = sys.argv[1], json.loads(sys.argv[2]), *map(int, sys.argv[3:6])
+config = og.Config(folder)
+config.clear_providers()
+config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+    "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+model = og.Model(config)
+rates = []
+for rep in range(reps + 1):
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + steps + 1, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        gen.generate_next_token()
+    if rep:
+        rates.append(steps / (time.perf_counter() - t0))
+print(json.dumps({"rates": rates, "onnxruntime_genai": og.__version__}))
+"""
+
+
+def generator_rates(python: str, folder: Path, prompt: list[int], steps: int, reps: int,
+                    threads: int) -> dict:
+    """tokens/s of genai's own loop: `steps` generate_next_token calls after the prompt
+    (append_tokens runs the prefill and the first token), `reps` times after a warm-up."""
+    done = subprocess.run([python, "-c", _GENERATOR, str(folder), json.dumps(prompt), str(steps),
+                           str(reps), str(threads)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"onnxruntime-genai's generator failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
