@@ -79,10 +79,12 @@ def test_decode_step_matches_reference(group, hkv, batch, d, dtype, threads):
 
 
 @needs_native
-def test_minicpm_config_and_thread_counts_agree_bitwise():
-    """MiniCPM4.1's config past 8K; the split over threads does not change a single bit."""
+@pytest.mark.parametrize("group,dtype", [(16, torch.bfloat16), (2, torch.float32)])
+def test_minicpm_config_and_thread_counts_agree_bitwise(group, dtype):
+    """MiniCPM4.1's config past 8K (its group of 16, and the memory-bound group 2 whose scores
+    are dot products); the split over threads does not change a single bit."""
     cfg = replace(SparseConfig(), dense_len=-1)
-    q, k, v = _case(16, 2, 1, 128, 8192 + 77, torch.bfloat16, seed=1)
+    q, k, v = _case(group, 2, 1, 128, 8192 + 77, dtype, seed=1)
     results = []
     for threads in (1, 2, 3):
         torch.set_num_threads(threads)
