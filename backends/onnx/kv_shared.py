@@ -75,6 +75,11 @@ class SharedKV:
         self.session, self.limit = session, limit
         self.shapes = {i.name: [int(d) if isinstance(d, int) else 0 for d in i.shape]
                        for i in session.get_inputs() if i.name.startswith("past.")}
+        # a decode step's logits land in a buffer of ours: no get_outputs() (one Python
+        # wrapper per bound output, 61 on SmolLM2) per step
+        vocab = int(session.get_outputs()[0].shape[-1])
+        self.step_logits = np.zeros([1, 1, vocab], np.float32)
+        self.step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
         self.reset()
 
     def reset(self) -> None:
@@ -92,7 +97,7 @@ class SharedKV:
             new[name] = a
         self.arrays, self.capacity = new, rows
         self.binding = self.session.io_binding()
-        self.binding.bind_output("logits")  # first: get_outputs()[0]
+        self.binding.bind_output("logits")  # first: get_outputs()[0] after a prefill
         for name, a in self.arrays.items():
             value = ort.OrtValue.ortvalue_from_numpy(a)  # shares a's memory
             self.binding.bind_ortvalue_input(name, value)
@@ -103,8 +108,14 @@ class SharedKV:
         end = int(positions[-1]) + 1
         if end > self.capacity:
             self._grow(min(max(2 * self.capacity, end), self.limit), int(positions[0]))
-        self.binding.bind_output("logits")  # unallocated again: its T changes between calls
+        decode = tokens.shape[1] == 1
+        if decode:
+            self.binding.bind_ortvalue_output("logits", self.step_value)
+        else:  # unallocated: ORT sizes it for this T
+            self.binding.bind_output("logits")
         self.binding.bind_cpu_input("tokens", tokens)
         self.binding.bind_cpu_input("positions", positions)
         self.session.run_with_iobinding(self.binding)
-        return np.array(self.binding.get_outputs()[0].numpy())  # own copy: ORT reuses it
+        if decode:
+            return self.step_logits.copy()  # own copy: the next step overwrites the buffer
+        return np.array(self.binding.get_outputs()[0].numpy())

@@ -94,6 +94,8 @@ def test_lowering_emits_the_fused_functions(llama):
     assert used.count("SkipRMSNorm") == 4          # every other norm reads a residual add
     assert {f.name for f in model.functions} == {"RotaryGQA", "RMSNorm", "SkipRMSNorm"}
     assert not any(n.op_type in ("Cos", "Softmax", "ReduceMean") for n in model.graph.node)
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props["arkinfer.max_positions"] == "2048"  # rows of GQA's cos/sin caches at load
 
 
 def test_runner_swaps_every_function_for_contrib_ops(llama):
