@@ -8,9 +8,22 @@ ARK := $(VENV)/bin/arkinfer
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py constraints.txt
+# llama-cpp-python compiles llama.cpp with -march=native. On a Xeon with AMX that compiles ggml's
+# AMX kernels in, and on this project's 2-core Sapphire Rapids VM they crash every evaluation
+# (SIGSEGV in ggml_backend_amx_mul_mat). So its wheel is built without AMX (AVX-512/AVX2 stay
+# native), once per machine, into a folder of its own: pip's wheel cache would hand back an earlier
+# native build of the same version. backends/gguf/llamacpp_build.py uses the same flags.
+LLAMACPP_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints.txt)
+LLAMACPP_WHEELS ?= $(HOME)/.cache/arkinfer/wheels/llama-cpp-python-no-amx
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+
+$(VENV)/.installed: pyproject.toml setup.py constraints.txt Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	ls $(LLAMACPP_WHEELS)/llama_cpp_python-$(LLAMACPP_VERSION)-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" $(PY) -m pip wheel \
+	  --quiet --no-cache-dir --no-deps -w $(LLAMACPP_WHEELS) llama-cpp-python==$(LLAMACPP_VERSION)
+	$(PY) -m pip install --quiet --force-reinstall --no-deps $(LLAMACPP_WHEELS)/llama_cpp_python-$(LLAMACPP_VERSION)-*.whl
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,gguf,onnx,mlx,coreml,tvm]"
 	touch $@
 

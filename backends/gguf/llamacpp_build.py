@@ -8,7 +8,7 @@ the llama.cpp that llama-cpp-python PINNED_VERSION vendors; the build is:
       src/                          its vendor/llama.cpp, patched in place
       build/                        CMake + Ninja/Make build tree (kept: a new patch rebuilds incrementally)
       lib/                          libllama.so + libggml*.so of the last good build, and
-      lib/arkinfer-build.json       {"patches": <hash of the patch set>, "version": ...}
+      lib/arkinfer-build.json       {"patches": <hash of the patch set>, "version": ..., "cmake_flags": [...]}
 
 (<cache> = $ARKINFER_CACHE or ~/.cache/arkinfer.) A new patch set restores only the files the old
 and new patches touch from the sdist before applying, so unchanged sources keep their timestamps
@@ -37,7 +37,12 @@ PINNED_VERSION = "0.3.36"
 PATCH_DIR = Path(__file__).parent / "llamacpp_patch"
 STAMP = "arkinfer-build.json"
 VENDOR = f"llama_cpp_python-{PINNED_VERSION}/vendor/llama.cpp/"
+# -march=native (GGML_NATIVE) compiles ggml's AMX kernels in on Xeons with AMX, and those crash
+# (SIGSEGV in ggml_backend_amx_mul_mat) on the 2-core Sapphire Rapids VM this project runs on; the
+# AVX-512 / AVX2 paths stay native. The Makefile builds llama-cpp-python with the same flags.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON",
+               f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
                "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_CURL=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DCMAKE_BUILD_RPATH=$ORIGIN"]
@@ -82,8 +87,9 @@ def patched_library_dir() -> Path | None:
         stamp = json.loads((lib / STAMP).read_text())
     except (OSError, ValueError):
         return None
-    if stamp.get("patches") != patch_set_hash() or not (lib / "libllama.so").is_file():
-        return None
+    if (stamp.get("patches") != patch_set_hash() or stamp.get("cmake_flags") != CMAKE_FLAGS
+            or not (lib / "libllama.so").is_file()):
+        return None   # another patch set, or built with other flags (an AMX build): rebuild
     return lib
 
 
@@ -214,7 +220,8 @@ def _install(build: Path, root: Path) -> Path:
     for p in libs:
         if p.is_file():
             shutil.copy2(p, tmp / p.name, follow_symlinks=True)
-    (tmp / STAMP).write_text(json.dumps({"patches": patch_set_hash(), "version": PINNED_VERSION}))
+    (tmp / STAMP).write_text(json.dumps({"patches": patch_set_hash(), "version": PINNED_VERSION,
+                                         "cmake_flags": CMAKE_FLAGS}))
     lib = root / "lib"
     shutil.rmtree(lib, ignore_errors=True)
     os.replace(tmp, lib)
