@@ -9,7 +9,7 @@ ARK := $(VENV)/bin/arkinfer
 setup: $(VENV)/.installed
 
 # llama-cpp-python compiles llama.cpp with -march=native. On a Xeon with AMX that compiles ggml's
-# AMX kernels in, and on this project's 2-core Sapphire Rapids VM they crash every evaluation
+# AMX kernels in, and on this project's 2-core AMX-capable Xeon VM they crash every evaluation
 # (SIGSEGV in ggml_backend_amx_mul_mat). So its wheel is built without AMX (AVX-512/AVX2 stay
 # native), once per machine, into a folder of its own: pip's wheel cache would hand back an earlier
 # native build of the same version. backends/gguf/llamacpp_build.py uses the same flags.

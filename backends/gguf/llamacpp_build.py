@@ -38,7 +38,7 @@ PATCH_DIR = Path(__file__).parent / "llamacpp_patch"
 STAMP = "arkinfer-build.json"
 VENDOR = f"llama_cpp_python-{PINNED_VERSION}/vendor/llama.cpp/"
 # -march=native (GGML_NATIVE) compiles ggml's AMX kernels in on Xeons with AMX, and those crash
-# (SIGSEGV in ggml_backend_amx_mul_mat) on the 2-core Sapphire Rapids VM this project runs on; the
+# (SIGSEGV in ggml_backend_amx_mul_mat) on the 2-core AMX-capable Xeon VM this project runs on; the
 # AVX-512 / AVX2 paths stay native. The Makefile builds llama-cpp-python with the same flags.
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON",
