@@ -13,10 +13,8 @@ repetitions go round-robin over the runtimes so that a noisy neighbour hits them
     python benchmarks/onnx_vs_llamacpp.py --accuracy-level 4 --nbits-baseline \
         --genai-python /tmp/genai-venv/bin/python --json benchmarks/results/onnx_vs_llamacpp_int8.json
 
-On a CPU with AMX, llama-cpp-python built natively (-march=native) may crash in
-ggml_backend_amx_mul_mat; build it without AMX into a folder and put that first on PYTHONPATH:
-CMAKE_ARGS="-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='...'"
-pip install --no-deps --target DIR llama-cpp-python==<the installed version>.
+On a CPU with AMX, llama-cpp-python built natively (-march=native) crashes in
+ggml_backend_amx_mul_mat; `make setup` builds it without AMX (see the Makefile).
 """
 
 from __future__ import annotations
@@ -25,6 +23,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,6 +41,36 @@ def _decode_rate(runner, prompt: list[int], steps: int) -> float:
     for _ in range(steps):
         token = int(runner.decode(token).argmax())
     return steps / (time.perf_counter() - t0)
+
+
+# Our runner alone in a fresh process, timed as genai's generator is (genai_builder._GENERATOR):
+# the fair partner of that row, since sharing a process with llama.cpp and the other sessions
+# measured 10-15 % slower for our runner than the same runner alone.
+_OWN_PROCESS = """
+import json, sys, time
+from arkinfer.backends.onnx.runner import OnnxRunner
+art, prompt, steps, threads, level = sys.argv[1], json.loads(sys.argv[2]), *map(int, sys.argv[3:6])
+runner = OnnxRunner(art, threads=threads, accuracy_level=level)
+rates = []
+for rep in range(2):
+    runner.reset()
+    token = int(runner.prefill(prompt).argmax())
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        token = int(runner.decode(token).argmax())
+    rates.append(steps / (time.perf_counter() - t0))
+print(json.dumps({"rate": rates[-1]}))
+"""
+
+
+def _own_process_rate(art: Path, prompt: list[int], steps: int, threads: int,
+                      level: int) -> float:
+    """tokens/s of our runner in a process of its own (one warm-up pass, one timed)."""
+    done = subprocess.run([sys.executable, "-c", _OWN_PROCESS, str(art), json.dumps(prompt),
+                           str(steps), str(threads), str(level)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the onnxruntime child failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["rate"]
 
 
 def _round_robin(timers: dict, reps: int) -> dict[str, list[float]]:
@@ -122,6 +152,8 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
             timers["genai_model_same_runtime"] = lambda: _decode_rate(same, prompt, steps)
             timers["genai_generator"] = lambda: genai_builder.generator_rates(
                 genai_python, folder, prompt, steps, 1, threads)["rates"][0]
+            timers["onnxruntime_own_process"] = lambda: _own_process_rate(
+                art, prompt, steps, threads, accuracy_level)
         rates = _round_robin(timers, reps)
     onnx_tps, llama_tps = (statistics.median(rates[k]) for k in ("onnxruntime", "llama_cpp"))
     result = {
@@ -156,6 +188,12 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
             "generator": _entry(rates["genai_generator"], note="og.Generator in the genai "
                                 "interpreter (its own onnxruntime, shared KV buffers)"),
         }
+        result["onnxruntime_own_process"] = _entry(
+            rates["onnxruntime_own_process"], note="our runner alone in a fresh process, "
+            "timed like genai's generator (the pair to compare)")
+        own = statistics.median(rates["onnxruntime_own_process"])
+        result["genai"]["ratio_own_process_over_generator"] = round(
+            own / result["genai"]["generator"]["tokens_per_s"], 3)
         for key in ("model_same_runtime", "generator"):
             g = result["genai"][key]
             result["genai"][f"ratio_onnx_over_{key}"] = round(onnx_tps / g["tokens_per_s"], 3)
@@ -206,6 +244,9 @@ def main() -> None:
               f"{g['generator']['tokens_per_s']} tok/s (onnx/genai "
               f"{g['ratio_onnx_over_generator']}; best rounds "
               f"{g['ratio_onnx_over_generator_best']})")
+        print(f"  in processes of their own: onnxruntime "
+              f"{result['onnxruntime_own_process']['tokens_per_s']} tok/s vs genai's generator "
+              f"{g['generator']['tokens_per_s']}: {g['ratio_own_process_over_generator']}")
     print(f"  load average before {load_before}, after {result['load_average_after']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
