@@ -33,6 +33,29 @@ def attr(node: onnx.NodeProto, name: str, default=None):
     return default
 
 
+def readers(model: onnx.ModelProto) -> dict[str, int]:
+    """value name -> how many node inputs read it."""
+    count: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            count[name] = count.get(name, 0) + 1
+    return count
+
+
+def keep_read_initializers(model: onnx.ModelProto, new: list | tuple = ()) -> None:
+    """Drop the initializers no node reads any more (a rewrite's replaced weights), add `new`."""
+    read = set(readers(model)) | {o.name for o in model.graph.output}
+    keep = [t for t in model.graph.initializer if t.name in read] + list(new)
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+
+
+def ensure_ms_opset(model: onnx.ModelProto) -> None:
+    """Import the com.microsoft domain (contrib ops) once."""
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+
+
 def _unpack(node: onnx.NodeProto, arrays: dict[str, np.ndarray]):
     k, n = int(attr(node, "in_features")), int(attr(node, "out_features"))
     group = int(attr(node, "group_size", 128))
@@ -53,12 +76,8 @@ def _unpack(node: onnx.NodeProto, arrays: dict[str, np.ndarray]):
 def use_matmul_nbits(model: onnx.ModelProto, accuracy_level: int = 0) -> tuple[int, list[str]]:
     """Rewrite in place; returns (nodes replaced, notes on nodes kept as functions)."""
     inits = {t.name: t for t in model.graph.initializer}
-    users: dict[str, int] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            users[i] = users.get(i, 0) + 1
     ort_fmt = get_format("ort")
-    replaced, notes, dropped = 0, [], set()
+    replaced, notes = 0, []
     for idx, node in enumerate(model.graph.node):
         if node.domain != DOMAIN or node.op_type not in (fn_linear.MARLIN, fn_linear.INT4):
             continue
@@ -85,12 +104,10 @@ def use_matmul_nbits(model: onnx.ModelProto, accuracy_level: int = 0) -> tuple[i
                                N=qw.out_features, bits=4, block_size=qw.group_size,
                                accuracy_level=accuracy_level)
         model.graph.node[idx].CopyFrom(new)
-        dropped.update(n for n in node.input[1:] if users.get(n) == 1)
         replaced += 1
-    if dropped:
-        keep = [t for t in model.graph.initializer if t.name not in dropped]
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(keep)
-    if replaced and not any(o.domain == MS_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    if replaced:
+        # the checkpoint tensors the functions read (before, the bookkeeping of which to drop
+        # read the inputs of the already replaced node, so they were all kept in memory)
+        keep_read_initializers(model)
+        ensure_ms_opset(model)
     return replaced, notes

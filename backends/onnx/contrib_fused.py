@@ -28,7 +28,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from . import fn_fused
-from .contrib import MS_DOMAIN, attr
+from .contrib import MS_DOMAIN, attr, ensure_ms_opset, keep_read_initializers
 from .onnx_build import DOMAIN, NodeBuilder
 
 
@@ -144,10 +144,7 @@ def use_fused_ops(model: onnx.ModelProto, max_positions: int) -> tuple[dict[str,
         count[node.op_type] = count.get(node.op_type, 0) + 1
     del model.graph.node[:]
     model.graph.node.extend(_drop_dead(nodes, freqs))
-    used = {i for n in model.graph.node for i in n.input}
-    keep = [t for t in model.graph.initializer if t.name in used] + swap.new_inits
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)
-    if count and not any(o.domain == MS_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    keep_read_initializers(model, swap.new_inits)
+    if count:
+        ensure_ms_opset(model)
     return count, notes

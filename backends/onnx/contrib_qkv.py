@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .contrib import MS_DOMAIN, attr
+from .contrib import MS_DOMAIN, attr, keep_read_initializers, readers
 
 _SAME = ("K", "bits", "block_size", "accuracy_level")
 
@@ -39,10 +39,7 @@ def pack_qkv(model: onnx.ModelProto) -> int:
     """Rewrite in place; returns the number of GroupQueryAttention nodes now fed packed QKV."""
     inits = {t.name: t for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
-    users: dict[str, int] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            users[i] = users.get(i, 0) + 1
+    users = readers(model)
     dropped, packed, new_inits = set(), 0, []
     for gqa in model.graph.node:
         if gqa.op_type != "GroupQueryAttention" or not gqa.input[1]:
@@ -70,8 +67,5 @@ def pack_qkv(model: onnx.ModelProto) -> int:
         keep = [n for n in model.graph.node if n.name not in dropped]
         del model.graph.node[:]
         model.graph.node.extend(keep)
-        used = {i for n in model.graph.node for i in n.input}
-        live = [t for t in model.graph.initializer if t.name in used] + new_inits
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(live)
+        keep_read_initializers(model, new_inits)
     return packed

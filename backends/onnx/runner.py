@@ -10,7 +10,8 @@ ops="function" runs every arkinfer-domain node through its ONNX function body (w
 runtime does); ops="contrib" first swaps the quantised linears for com.microsoft.MatMulNBits
 (contrib.py) and RMSNorm / SkipRMSNorm / RotaryGQA for SimplifiedLayerNormalization /
 SkipSimplifiedLayerNormalization / GroupQueryAttention (contrib_fused.py), then packs each
-attention's q/k/v MatMulNBits into one (contrib_qkv.py); ops="nbits" swaps the linears only. All compute the same weights; tests check they agree.
+attention's q/k/v MatMulNBits into one (contrib_qkv.py); ops="nbits" swaps the linears only.
+All compute the same weights; tests check they agree.
 """
 
 from __future__ import annotations
