@@ -3,9 +3,14 @@
 32 query heads, 2 KV heads, head_dim 128, MiniCPM4.1's sparse_config (with dense_len forced to -1 so
 every row measures the sparse kernel; a model with dense_len=8192 runs dense below 8192 tokens).
 Decode = one new query against the whole cache, the CompressedKeys state carried step to step
-(mean over consecutive steps, so the one-in-16 kernel emission is amortised); caches are flushed
-before every timed call (a real model reads another layer's KV in between) by writing twice the
-last-level cache (at least 64 MiB; `--flush-mib`). Prefill = the whole
+(mean over consecutive steps, so the one-in-16 kernel emission is amortised; each pass starts
+from a state with spare room, as a decode past its first steps has). Before every timed call the
+KV the call reads leaves every cache level (`--flush kv`, the default: clflushopt over the K / V
+cache and the compressed keys), as in a model's decode loop, where 31 other layers' KV and the
+weights pass through between two steps of one layer while the interpreter, the kernel code and
+its workspace stay warm. `--flush llc` instead writes twice the last-level cache (`--flush-mib`)
+before each call, evicting everything, the interpreter included (a harsher condition: fixed
+per-call costs then read from DRAM too); `--flush none` keeps caches warm. Prefill = the whole
 sequence in one call. Dense baseline: torch scaled_dot_product_attention on the same dtype.
 Sparse decode uses the C decode step (decode_kernel.c) when it builds; `--torch-only` measures
 the pure-torch fallback instead. Threads: torch's default unless --threads is given.
@@ -47,6 +52,7 @@ from arkinfer.ops.infllmv2 import (
     dense_attention,
     infllmv2_attention,
     n_kernels,
+    reserve_room,
 )
 from arkinfer.ops.infllmv2.native import kernels, torch_only
 
@@ -72,10 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="consecutive decode steps averaged per pass (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3,
                    help="decode passes; the median pass is reported (default: %(default)s)")
-    p.add_argument("--warm", action="store_true", help="do not flush caches between calls")
+    p.add_argument("--flush", choices=("kv", "llc", "none"), default="kv",
+                   help="before every timed call: evict the KV it reads from every cache level "
+                        "(kv), write twice the last-level cache (llc), or nothing (none) "
+                        "(default: %(default)s)")
+    p.add_argument("--warm", action="store_true", help="same as --flush none")
     p.add_argument("--flush-mib", type=int, default=None,
-                   help="MiB written before every timed call (default: twice the last-level "
-                        "cache, at least 64)")
+                   help="with --flush llc: MiB written before every timed call (default: twice "
+                        "the last-level cache, at least 64)")
     p.add_argument("--torch-only", action="store_true",
                    help="sparse decode without the C kernels (the pure-torch fallback)")
     p.add_argument("--system-malloc", action="store_true",
@@ -173,15 +183,51 @@ def flush_mib(requested: int | None) -> int:
 
 
 _FLUSH = torch.empty(0)
+_WAKE = torch.zeros(2**18)    # 1 MiB: above torch's parallel grain
 
 
-def flush_caches(mib: int) -> None:
-    """Write `mib` MiB (0: nothing) so the next call reads its KV from DRAM."""
-    global _FLUSH
-    if mib:
-        if _FLUSH.numel() != mib * 2**18:
-            _FLUSH = torch.empty(mib * 2**18)
-        _FLUSH.fill_(1.0)
+def evict_library():
+    """benchmarks/evict.c built and loaded (ark_evict), or None where it cannot be built."""
+    import ctypes
+
+    from arkinfer.native_build import FLAGS, NativeBuildError, load_library
+    try:
+        lib = load_library("evict", [Path(__file__).with_name("evict.c")], FLAGS)
+    except NativeBuildError:
+        return None
+    if lib is not None:
+        lib.ark_evict.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        lib.ark_evict.restype = None
+    return lib
+
+
+class Flush:
+    """What runs before every timed call (--flush): `Flush(mode, mib)(tensors)`."""
+
+    def __init__(self, mode: str, mib: int) -> None:
+        self.lib = evict_library() if mode == "kv" else None
+        if mode == "kv" and self.lib is None:
+            print("# benchmarks/evict.c did not build here: --flush llc instead", flush=True)
+            mode = "llc"
+        self.mode, self.mib = mode, mib if mode == "llc" else 0
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        global _FLUSH
+        if self.mode == "kv":
+            for t in tensors:     # the whole allocation behind each view
+                self.lib.ark_evict(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+            _WAKE.add_(1.0)   # parallel on torch's threads: wakes the pool, as a model's
+            # projection right before attention does (else the step pays OpenMP's wake-up)
+        elif self.mode == "llc":
+            if _FLUSH.numel() != self.mib * 2**18:
+                _FLUSH = torch.empty(self.mib * 2**18)
+            _FLUSH.fill_(1.0)
+
+
+def flush_words(flush: Flush) -> str:
+    return {"kv": "KV evicted before each call (clflushopt)",
+            "llc": f"flushed before each call ({flush.mib} MiB written)",
+            "none": "warm"}[flush.mode]
 
 
 # -- measurements -------------------------------------------------------------------------------
@@ -228,15 +274,15 @@ def time_decode(length: int, cfg: SparseConfig, dtype: torch.dtype, args, group:
     state0 = compress_keys(k[:, :, :first], cfg)
     passes: dict[str, list[tuple[float, float]]] = {"dense": [], "sparse": []}
     for rep in range(args.repeats + 1):           # pass 0 warms up (allocator, kernels)
-        state, sums = state0, {"dense": [0.0, 0.0], "sparse": [0.0, 0.0]}
+        state, sums = reserve_room(state0), {"dense": [0.0, 0.0], "sparse": [0.0, 0.0]}
         for p in range(first, length):
             kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
-            flush_caches(args.flush)
+            args.flush((k, v))
             with Timer() as t:
                 dense_attention(q, kk, vv, scale, p)
             sums["dense"][0] += t.wall
             sums["dense"][1] += t.cpu
-            flush_caches(args.flush)
+            args.flush((k, v, state.fine, state.coarse))
             with Timer() as t:
                 _, state, _ = infllmv2_attention(q, kk, vv, config=cfg, scale=scale,
                                                  cache_len=p, state=state)
@@ -341,9 +387,11 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     contexts = [int(c) for c in args.contexts.split(",")]
     native = kernels()
     decode_kernels = "torch" if native is None else \
-        f"C (AVX2, {'OpenMP' if native.threaded else 'one thread'})"
+        f"C ({'AVX2 + AVX-512 tiles' if native.use_avx512() else 'AVX2'}, " \
+        f"{'OpenMP' if native.threaded else 'one thread'})"
     groups = [int(g) for g in args.groups.split(",")] if args.groups else [HQ // HKV]
-    args.flush = 0 if args.warm else flush_mib(args.flush_mib)
+    args.flush = Flush("none" if args.warm else args.flush,
+                       flush_mib(args.flush_mib) if args.flush == "llc" else 0)
     machine = machine_info(threads=torch.get_num_threads(), load_avg_at_start=os.getloadavg(),
                            malloc_tuned=malloc_tuned, matmul_gflops=matmul_gflops(),
                            **bandwidth_gbs())
@@ -351,7 +399,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
           f"{machine['threads']} threads; copy {machine['copy_gbs']:.1f} GB/s (read+write), "
           f"read {machine['read_gbs']:.1f} GB/s, sgemm {machine['matmul_gflops']:.0f} GFLOP/s; "
           f"dtype {args.dtype}; caches "
-          f"{f'flushed ({args.flush} MiB)' if args.flush else 'warm'}; glibc malloc "
+          f"{flush_words(args.flush)}; glibc malloc "
           f"{'thresholds raised' if malloc_tuned else 'defaults'}; "
           f"load average {machine['load_avg_at_start'][0]:.1f}; sparse decode kernels "
           f"{decode_kernels}", flush=True)
@@ -379,7 +427,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
                                                                 else sys.argv[1:])),
               "layer": {"q_heads": [HKV * g for g in groups], "kv_heads": HKV, "head_dim": D,
                         "dtype": args.dtype},
-              "sparse_config": cfg.to_dict(), "caches_flushed": not args.warm, "flush_mib": args.flush,
+              "sparse_config": cfg.to_dict(),
+              "flush": {"mode": args.flush.mode, "mib": args.flush.mib,
+                        "words": flush_words(args.flush)},
               "sparse_decode_kernels": decode_kernels,
               "machine": machine, "rows": rows, "targets": targets(rows)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -189,3 +189,43 @@ def test_a_failed_build_falls_back_to_torch(tmp_path):
     result = subprocess.run([sys.executable, "-c", _FALLBACK], env=env, capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("kernel", "stride"), [(32, 16), (128, 64), (12, 5)])
+def test_c_kernel_means_are_the_torch_bits(dtype, kernel, stride):
+    """The kernels a decode step completes, computed in C, equal compress.kernel_means bit for
+    bit (same summation order, same final multiply), on a strided cache."""
+    from arkinfer.ops.infllmv2.compress import kernel_means
+    big = torch.randn(2, 3, 400, 48, generator=torch.Generator().manual_seed(kernel)) * 7
+    k = big.to(dtype)[:, :, :, :32]            # rows contiguous, the cache wider than head_dim
+    first, count = 3, (400 - kernel) // stride - 2
+    out = torch.full((2, 3, count + 5, 32), float("nan"))[:, :, 1:count + 1]
+    assert native.kernel_means_into(k, kernel, stride, first, out)
+    assert torch.equal(out, kernel_means(k, kernel, stride, first, count))
+
+
+@needs_native
+@pytest.mark.skipif(native is None or not native.use_avx512(),
+                    reason="this CPU has no AVX-512F: only the AVX2 tiles run")
+@pytest.mark.parametrize("group,d,dtype", [(3, 64, torch.float32), (5, 128, torch.float32),
+                                           (8, 64, torch.bfloat16), (12, 128, torch.float32),
+                                           (16, 128, torch.float32), (16, 64, torch.float16),
+                                           (20, 128, torch.float32), (32, 128, torch.bfloat16)])
+def test_avx512_tiles_give_the_avx2_bits(group, d, dtype):
+    """The AVX-512 score and weighted-sum tiles (groups > 4 heads; weighted sums from 3) do each
+    lane's multiply-adds in the AVX2 tiles' order: same idx, same output bits, and both match
+    the reference."""
+    torch.set_num_threads(2)
+    q, k, v = _case(group, 2, 1, d, 8192 + 33, dtype, seed=group)
+    cfg = replace(SparseConfig(), dense_len=-1)
+    try:
+        native.use_avx512(False)
+        assert not native.use_avx512()
+        narrow = _check_against_reference(q, k, v, cfg)
+    finally:
+        native.use_avx512(True)
+    assert native.use_avx512()
+    wide = _check_against_reference(q, k, v, cfg)
+    assert torch.equal(wide[1], narrow[1]) and torch.equal(wide[0], narrow[0])

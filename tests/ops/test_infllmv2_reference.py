@@ -255,3 +255,22 @@ def test_selection_needs_keys_of_the_whole_cache():
     stale = compress_keys(k[:, :, :90], SMALL)
     with pytest.raises(ValueError, match="cover 90 keys"):
         ref.select_blocks(q, stale, config=SMALL, scale=0.3, cache_len=99)
+
+
+def test_in_place_append_never_changes_an_older_state():
+    """Decode appends completed kernels into spare room behind the state; updating an older state
+    again (a branch, a rewind) must copy, so both branches keep their own kernels."""
+    k1, k2 = torch.randn(1, 2, 400, 16), torch.randn(1, 2, 400, 16)
+    k2[:, :, :200] = k1[:, :, :200]
+    base = update_compressed(k1[:, :, :200], SMALL, compress_keys(k1[:, :, :199], SMALL))
+    one = update_compressed(k1[:, :, :260], SMALL, base)
+    snapshot = one.fine.clone(), one.coarse.clone()
+    two = update_compressed(k2[:, :, :300], SMALL, base)       # branch from base: must not
+    assert torch.equal(one.fine, snapshot[0]) and torch.equal(one.coarse, snapshot[1])
+    full2 = compress_keys(k2[:, :, :300], SMALL)
+    assert torch.equal(two.fine, full2.fine) and torch.equal(two.coarse, full2.coarse)
+    again = update_compressed(k1[:, :, :400], SMALL, one)       # the first branch goes on
+    full1 = compress_keys(k1[:, :, :400], SMALL)
+    assert torch.equal(again.fine, full1.fine) and torch.equal(again.coarse, full1.coarse)
+    grown = update_compressed(k1[:, :, :270], SMALL, one)        # one is now behind: copies
+    assert grown.room is not again.room

@@ -6,7 +6,7 @@
 """
 
 from arkinfer.ops.infllmv2.common import CompressedKeys, dense_attention, n_kernels
-from arkinfer.ops.infllmv2.compress import compress_keys, update_compressed
+from arkinfer.ops.infllmv2.compress import compress_keys, reserve_room, update_compressed
 from arkinfer.ops.infllmv2.config import SparseConfig
 from arkinfer.ops.infllmv2.fast import (
     block_sparse_attention,
@@ -15,5 +15,5 @@ from arkinfer.ops.infllmv2.fast import (
 )
 
 __all__ = ["CompressedKeys", "SparseConfig", "block_sparse_attention", "compress_keys",
-           "dense_attention", "infllmv2_attention", "n_kernels", "select_blocks",
-           "update_compressed"]
+           "dense_attention", "infllmv2_attention", "n_kernels", "reserve_room",
+           "select_blocks", "update_compressed"]

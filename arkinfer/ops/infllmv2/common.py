@@ -8,7 +8,7 @@ cache_len .. cache_len + T - 1; k, v [B, Hkv, S, D] hold the whole cache includi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -31,11 +31,16 @@ class CompressedKeys:
     coarse: fp32 [B, Hkv, n2(length), D], the same with the 4x coarse kernel and stride
     length: number of keys summarised; kernels that are complete within them are all present, so
     appending keys only ever adds kernels (the tail is re-read from the cache, never stored).
+    room:   None, or the buffers fine / coarse are leading views of (`compress.KernelRoom`), so a
+            decode step appends the kernels it completes in place instead of copying the state
+            (an O(cache) copy every 16 tokens otherwise). An implementation detail: equality
+            and repr ignore it.
     """
 
     fine: Tensor
     coarse: Tensor
     length: int
+    room: object = field(default=None, compare=False, repr=False)
 
 
 def n_kernels(length: int, kernel: int, stride: int) -> int:

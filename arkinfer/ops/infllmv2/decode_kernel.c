@@ -4,6 +4,10 @@
  * the libgomp torch has already loaded, so it runs on torch's own thread pool) and fills
  * ark_decode_args from the tensors; decode.py holds the same arithmetic in torch.
  *
+ * The score tiles of groups above 4 query heads and the weighted-sum tiles of groups above 2 run
+ * with AVX-512 where the CPU has it (decode_simd.h: the same bits as the AVX2 tiles). The kernels that newly completed keys
+ * add to the compressed state are computed here too (ark_kernel_means).
+ *
  * Shapes: B batch, H KV heads, G query heads per KV head (any G >= 1), D head_dim (a multiple of
  * 16); "head" bh = b * H + h below, its query heads are h * G + g. Caches are fp32, bf16 or fp16
  * (read 16-bit, widened to fp32 in registers / L1, accumulated in fp32); stage 1 is fp32 (§9).
@@ -481,6 +485,46 @@ int64_t ark_decode(const ark_decode_args *a) {
     (void)nt;
     run_phases(&c, 0, 1);
     return 0;
+}
+
+/* -- key compression (docs/infllmv2.md §2): the kernels a decode step completes ------------- */
+typedef struct {
+    const void *k; int64_t k_dtype, k_sb, k_sh, k_sr;   /* [B, H, S, D] cache, element strides */
+    int64_t batch, heads, head_dim, kernel, stride, first, count;
+    float *out; int64_t out_sb, out_sh, out_sr;          /* [B, H, count, D] fp32 */
+} ark_means_args;
+
+/* out[b, h, j] = mean(k[b, h, stride * (first + j) + off] for off < kernel), summed offset by
+ * offset in fp32 and then multiplied by (float)(1 / kernel): the order and roundings of
+ * compress.kernel_means, so a kernel has the same bits whichever of the two computed it. */
+int64_t ark_kernel_means(const ark_means_args *a) {
+    if (a->head_dim % 8 || a->k_dtype < 0 || a->k_dtype > ARK_F16) return -1;
+    const float inv = (float)(1.0 / (double)a->kernel);
+    const int64_t D = a->head_dim;
+    for (int64_t b = 0; b < a->batch; b++)
+        for (int64_t h = 0; h < a->heads; h++)
+            for (int64_t j = 0; j < a->count; j++) {
+                const int64_t row = a->stride * (a->first + j), base = b * a->k_sb + h * a->k_sh;
+                float *o = a->out + b * a->out_sb + h * a->out_sh + j * a->out_sr;
+                float acc[8];
+                for (int64_t d0 = 0; d0 < D; d0 += 8) {
+                    for (int i = 0; i < 8; i++)
+                        acc[i] = ark_to_f32(a->k, base + row * a->k_sr + d0 + i, (int)a->k_dtype);
+                    for (int64_t off = 1; off < a->kernel; off++)
+                        for (int i = 0; i < 8; i++)
+                            acc[i] += ark_to_f32(a->k, base + (row + off) * a->k_sr + d0 + i,
+                                                 (int)a->k_dtype);
+                    for (int i = 0; i < 8; i++) o[d0 + i] = acc[i] * inv;
+                }
+            }
+    return 0;
+}
+
+/* The AVX-512 tiles: on = 1 (where the CPU has AVX-512F) or 0 (AVX2 only), -1 just asks; returns
+ * whether they run now. Both give the same bits (tests/ops/test_infllmv2_native.py). */
+int64_t ark_set_zmm(int64_t on) {
+    if (on >= 0) ark_zmm = -1, ark_zmm = on && use_zmm();
+    return use_zmm();
 }
 
 /* 1 when built with OpenMP (threads > 1 take effect), else 0. */

@@ -202,6 +202,72 @@ ARK_INLINE void scores_dot(const int G, const float *q, int64_t D, const float *
     }
 }
 
+/* -- AVX-512 variants of the two compute-bound tiles (groups of more than 4 heads) -----------
+ * Same arithmetic per output lane, in the same order (one fused multiply-add per element, rows /
+ * columns in the same sequence), so they give the AVX2 tiles' bits at twice the FMA width. Used
+ * where the CPU has AVX-512F (checked once at run time, `ark_zmm`); the file stays AVX2. */
+#define ARK_ZMM __attribute__((target("avx512f,fma")))
+
+/* As scores_tile with 9..16 heads in one zmm (lanes >= heads masked off): 8 rows per pass. */
+ARK_ZMM static void scores_tile_zmm(const float *qT, int64_t qs, int64_t D, const float *k,
+                                    int64_t ld, int64_t n, float *s, int64_t ns, int64_t heads) {
+    const __mmask16 lanes = (__mmask16)((1u << heads) - 1u);
+    float tmp[8][16];
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const float *k0 = k + t * ld;
+        __m512 a[8];
+        for (int r = 0; r < 8; r++) a[r] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            const __m512 q = _mm512_maskz_loadu_ps(lanes, qT + d * qs);
+            for (int r = 0; r < 8; r++)
+                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(k0[r * ld + d]), q, a[r]);
+        }
+        for (int r = 0; r < 8; r++) _mm512_storeu_ps(tmp[r], a[r]);
+        for (int64_t g = 0; g < heads; g++)
+            for (int r = 0; r < 8; r++) s[g * ns + t + r] = tmp[r][g];
+    }
+    for (; t < n; t++) {
+        const float *k0 = k + t * ld;
+        __m512 a0 = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d++)
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), _mm512_maskz_loadu_ps(lanes, qT + d * qs),
+                                 a0);
+        _mm512_storeu_ps(tmp[0], a0);
+        for (int64_t g = 0; g < heads; g++) s[g * ns + t] = tmp[0][g];
+    }
+}
+
+/* As pv_tile(4, W) for 4 heads x 64 floats (4 zmm per row): out[h][j..j+63] += p[h][t] row[t]. */
+ARK_ZMM static void pv_tile_zmm(const float *p, int64_t np, const float *v, int64_t ld, int64_t n,
+                                float *o, int64_t D) {
+    __m512 acc[4][4];
+    for (int h = 0; h < 4; h++)
+        for (int w = 0; w < 4; w++) acc[h][w] = _mm512_loadu_ps(o + h * D + 16 * w);
+    for (int64_t t = 0; t < n; t++) {
+        __m512 x[4];
+        for (int w = 0; w < 4; w++) x[w] = _mm512_loadu_ps(v + t * ld + 16 * w);
+        for (int h = 0; h < 4; h++) {
+            const __m512 b = _mm512_set1_ps(p[h * np + t]);
+            for (int w = 0; w < 4; w++) acc[h][w] = _mm512_fmadd_ps(b, x[w], acc[h][w]);
+        }
+    }
+    for (int h = 0; h < 4; h++)
+        for (int w = 0; w < 4; w++) _mm512_storeu_ps(o + h * D + 16 * w, acc[h][w]);
+}
+
+/* 1 where the AVX-512 tiles run: the CPU has AVX-512F, unless ark_set_zmm(0) turned them off
+ * (tests compare both). */
+static int ark_zmm = -1;
+
+static int use_zmm(void) {
+    if (ark_zmm < 0) {
+        __builtin_cpu_init();
+        ark_zmm = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    }
+    return ark_zmm;
+}
+
 /* s [G, n] (row stride ns) = q . rows for all G heads: dot products for G <= 4 (qR [G, D]),
  * otherwise tiles of 16 heads, then one of 8 (qT [D, Gp]). */
 static void scores_tiles(const float *qT, const float *qR, int64_t G, int64_t D, const float *k,
@@ -214,9 +280,11 @@ static void scores_tiles(const float *qT, const float *qR, int64_t G, int64_t D,
     default: break;
     }
     const int64_t qs = (G + 7) / 8 * 8;
+    const int zmm = use_zmm();
     for (int64_t g0 = 0; g0 < G; g0 += 16) {
         const int64_t heads = G - g0 < 16 ? G - g0 : 16;
-        scores_tile(heads > 8 ? 2 : 1, qT + g0, qs, D, k, ld, n, s + g0 * ns, ns, heads);
+        if (zmm && heads > 8) scores_tile_zmm(qT + g0, qs, D, k, ld, n, s + g0 * ns, ns, heads);
+        else scores_tile(heads > 8 ? 2 : 1, qT + g0, qs, D, k, ld, n, s + g0 * ns, ns, heads);
     }
 }
 
@@ -246,6 +314,12 @@ ARK_INLINE void pv_tile(const int H, const int W, const float *p, int64_t np, co
  * instructions and measured no faster). */
 static void pv_tiles(const float *p, int64_t np, int64_t GP, const float *v, int64_t ld, int64_t D,
                      int64_t n, float *out) {
+    if (GP >= 4 && D % 64 == 0 && use_zmm()) {
+        for (int64_t j = 0; j < D; j += 64)
+            for (int64_t g = 0; g < GP; g += 4)
+                pv_tile_zmm(p + g * np, np, v + j, ld, n, out + g * D + j, D);
+        return;
+    }
     const int64_t width = GP <= 2 && D % 32 == 0 ? 32 : 16;
     for (int64_t j = 0; j < D; j += width) {
         if (GP == 1 && width == 32) pv_tile(1, 4, p, np, v + j, ld, n, out + j, D);

@@ -57,6 +57,15 @@ class DecodeArgs(ctypes.Structure):
         ("work", _PTR), ("work_floats", _I64), ("threads", _I64)]
 
 
+class MeansArgs(ctypes.Structure):
+    """`ark_means_args` of decode_kernel.c (strides in elements)."""
+
+    _fields_ = [("k", _PTR), *[(n, _I64) for n in ("k_dtype", "k_sb", "k_sh", "k_sr", "batch",
+                                                    "heads", "head_dim", "kernel", "stride",
+                                                    "first", "count")],
+                ("out", _PTR), *[(n, _I64) for n in ("out_sb", "out_sh", "out_sr")]]
+
+
 _ERRORS = {-1: "head_dim must be a multiple of 16 and the group >= 1",
            -2: "tensors must be float32, bfloat16 or float16",
            -3: "not a sparse decode step (too few blocks), or block ids reach 2^24",
@@ -72,6 +81,30 @@ class NativeKernels:
         self._decode.restype = _I64
         lib.ark_decode_threaded.restype = _I64
         self.threaded = bool(lib.ark_decode_threaded())   # built with OpenMP
+        self._set_zmm = lib.ark_set_zmm
+        self._set_zmm.argtypes, self._set_zmm.restype = [_I64], _I64
+        self._means = lib.ark_kernel_means
+        self._means.argtypes = [ctypes.POINTER(MeansArgs)]
+        self._means.restype = _I64
+
+    def use_avx512(self, on: bool | None = None) -> bool:
+        """Whether the AVX-512 tiles (groups of more than 4 heads) run; `on` switches them (True
+        only takes effect on a CPU with AVX-512F). Same bits either way."""
+        return bool(self._set_zmm(-1 if on is None else int(on)))
+
+    def kernel_means_into(self, k: Tensor, kernel: int, stride: int, first: int,
+                          out: Tensor) -> bool:
+        """out [B, H, count, D] fp32 (rows contiguous) = compress.kernel_means(k, kernel, stride,
+        first, count), bit for bit, for a CPU cache k [B, H, S, D]. False (nothing written) where
+        the C code does not take the tensors (head_dim not a multiple of 8, other dtypes)."""
+        if (k.shape[3] % 8 or not k.is_cpu or k.dtype not in _DTYPES or k.stride(-1) != 1
+                or out.dtype != torch.float32 or out.stride(-1) != 1 or not out.is_cpu):
+            return False
+        b, h, count, d = out.shape
+        args = MeansArgs(k.data_ptr(), _DTYPES[k.dtype], k.stride(0), k.stride(1), k.stride(2),
+                         b, h, d, kernel, stride, first, count,
+                         out.data_ptr(), out.stride(0), out.stride(1), out.stride(2))
+        return self._means(ctypes.byref(args)) == 0
 
     @staticmethod
     def supports(d: int, *tensors: Tensor) -> bool:
