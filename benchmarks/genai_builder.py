@@ -2,15 +2,22 @@
 onnx_vs_llamacpp.py (`--genai-python`): build SmolLM2 with the builder (int4 MatMulNBits, same
 block size and accuracy_level as our runner), then time its decode two ways:
 
-    same runtime   its model.onnx in *this* onnxruntime, fed step by step like our runner
-                   (past_key_values.{i}.key/value in, present.{i}.* out, attention_mask)
+    same runtime   its model.onnx in *this* onnxruntime, fed step by step like our runner:
+                   past_key_values.{i}.* and present.{i}.* bound to one preallocated buffer
+                   each (GQA's past_present_share_buffer mode, as genai's generator and our
+                   runner's SharedKV run), the decode logits into a buffer of ours
     genai's loop   its own Generator (og.Model / og.Generator, shared past/present buffers) in
                    the interpreter that has onnxruntime-genai, with its own onnxruntime
 
-onnxruntime-genai needs torch + transformers for the builder; keep it out of ArkInfer's venv:
+Both loops time `steps` model runs: genai's first generate_next_token after append_tokens only
+samples from the prompt's logits (no model run), so it runs untimed.
+
+onnxruntime-genai needs torch + transformers for the builder; keep it out of ArkInfer's venv
+(the last line lets onnx_vs_llamacpp.py also time our runner on genai's own onnxruntime):
 
     python3 -m venv /tmp/genai-venv
     /tmp/genai-venv/bin/pip install onnxruntime-genai torch==2.13.0 transformers onnx onnx_ir
+    /tmp/genai-venv/bin/pip install --no-deps -e .
 """
 
 from __future__ import annotations
@@ -37,9 +44,11 @@ def build(python: str, hf_dir: Path, out: Path, block_size: int, accuracy_level:
 
 class GenaiGraphRunner:
     """The builder's model.onnx in this process's onnxruntime: reset / prefill / decode -> the
-    last position's logits [V] (what _decode_rate needs)."""
+    last position's logits [V] (what _decode_rate needs). KV: one f32 [1, Hkv, capacity, D]
+    buffer per past/present pair, bound to both (GQA updates it in place; attention_mask's
+    length tells it how many rows are valid), as genai's generator binds them."""
 
-    def __init__(self, folder: Path, threads: int) -> None:
+    def __init__(self, folder: Path, threads: int, capacity: int = 256) -> None:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -47,25 +56,47 @@ class GenaiGraphRunner:
         opts.log_severity_level = 3
         self.session = ort.InferenceSession(str(folder / "model.onnx"), opts,
                                             providers=["CPUExecutionProvider"])
-        self.past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
+        self.past = [i.name for i in self.session.get_inputs()
+                     if i.name.startswith("past_key_values.")]
         decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-        self.kv_shape = [1, int(decoder["num_key_value_heads"]), 0, int(decoder["head_size"])]
-        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.kv_shape = [1, int(decoder["num_key_value_heads"]), capacity,
+                         int(decoder["head_size"])]
         self.reset()
 
     def reset(self) -> None:
-        self.cache = {i.name: np.zeros(self.kv_shape, np.float32) for i in self.past}
+        import onnxruntime as ort
+
+        self.arrays = {name: np.zeros(self.kv_shape, np.float32) for name in self.past}
+        self.binding = self.session.io_binding()
+        for name, a in self.arrays.items():
+            value = ort.OrtValue.ortvalue_from_numpy(a)      # shares a's memory
+            self.binding.bind_ortvalue_input(name, value)
+            self.binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), value)
+        self.step_logits: np.ndarray | None = None
         self.pos = 0
 
     def _step(self, ids: list[int]) -> torch.Tensor:
+        import onnxruntime as ort
+
         total = self.pos + len(ids)
-        feeds = {"input_ids": np.asarray([ids], np.int64),
-                 "attention_mask": np.ones([1, total], np.int64), **self.cache}
-        out = dict(zip(self.outputs, self.session.run(None, feeds)))
-        for name in self.cache:
-            self.cache[name] = out[name.replace("past_key_values.", "present.")]
+        if total > self.kv_shape[2]:
+            raise ValueError(f"{total} positions exceed the KV buffers' {self.kv_shape[2]} rows")
+        decode = len(ids) == 1 and self.step_logits is not None
+        if decode:
+            self.binding.bind_ortvalue_output("logits", self.step_value)
+        else:           # unallocated: ORT sizes it for this T
+            self.binding.bind_output("logits")
+        self.binding.bind_cpu_input("input_ids", np.asarray([ids], np.int64))
+        self.binding.bind_cpu_input("attention_mask", np.ones([1, total], np.int64))
+        self.session.run_with_iobinding(self.binding)
         self.pos = total
-        return torch.from_numpy(out["logits"][0, -1])
+        if decode:
+            return torch.from_numpy(self.step_logits[0, -1].copy())
+        logits = np.array(self.binding.get_outputs()[0].numpy())
+        if self.step_logits is None:    # the decode steps' logits buffer, [1, 1, V]
+            self.step_logits = np.zeros([1, 1, logits.shape[-1]], np.float32)
+            self.step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
+        return torch.from_numpy(logits[0, -1])
 
     def prefill(self, ids: list[int]) -> torch.Tensor:
         return self._step(list(ids))
@@ -89,6 +120,7 @@ for rep in range(reps + 1):
     params.set_search_options(max_length=len(prompt) + steps + 1, do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(prompt)
+    gen.generate_next_token()   # samples from the prompt's logits: no model run, untimed
     t0 = time.perf_counter()
     for _ in range(steps):
         gen.generate_next_token()
@@ -100,8 +132,9 @@ print(json.dumps({"rates": rates, "onnxruntime_genai": og.__version__}))
 
 def generator_rates(python: str, folder: Path, prompt: list[int], steps: int, reps: int,
                     threads: int) -> dict:
-    """tokens/s of genai's own loop: `steps` generate_next_token calls after the prompt
-    (append_tokens runs the prefill and the first token), `reps` times after a warm-up."""
+    """tokens/s of genai's own loop: `steps` generate_next_token calls, each one model run,
+    after the prompt (append_tokens runs the prefill; the first generate_next_token only samples
+    from its logits and is not timed), `reps` times after a warm-up."""
     done = subprocess.run([python, "-c", _GENERATOR, str(folder), json.dumps(prompt), str(steps),
                            str(reps), str(threads)], capture_output=True, text=True)
     if done.returncode != 0:

@@ -59,18 +59,25 @@ for rep in range(2):
     for _ in range(steps):
         token = int(runner.decode(token).argmax())
     rates.append(steps / (time.perf_counter() - t0))
-print(json.dumps({"rate": rates[-1]}))
+import onnxruntime
+print(json.dumps({"rate": rates[-1], "onnxruntime": onnxruntime.__version__}))
 """
 
 
-def _own_process_rate(art: Path, prompt: list[int], steps: int, threads: int,
-                      level: int) -> float:
-    """tokens/s of our runner in a process of its own (one warm-up pass, one timed)."""
-    done = subprocess.run([sys.executable, "-c", _OWN_PROCESS, str(art), json.dumps(prompt),
+_OWN_VERSIONS: dict[str, str] = {}   # interpreter -> the onnxruntime its child reported
+
+
+def _own_process_rate(art: Path, prompt: list[int], steps: int, threads: int, level: int,
+                      python: str = sys.executable) -> float:
+    """tokens/s of our runner in a process of its own (one warm-up pass, one timed), run by
+    `python` (another interpreter with arkinfer installed: its onnxruntime)."""
+    done = subprocess.run([python, "-c", _OWN_PROCESS, str(art), json.dumps(prompt),
                            str(steps), str(threads), str(level)], capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"the onnxruntime child failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])["rate"]
+        raise RuntimeError(f"the onnxruntime child ({python}) failed:\n{done.stderr[-2000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    _OWN_VERSIONS[python] = report["onnxruntime"]
+    return report["rate"]
 
 
 def _round_robin(timers: dict, reps: int) -> dict[str, list[float]]:
@@ -154,6 +161,9 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
                 genai_python, folder, prompt, steps, 1, threads)["rates"][0]
             timers["onnxruntime_own_process"] = lambda: _own_process_rate(
                 art, prompt, steps, threads, accuracy_level)
+            if genai_has_arkinfer(genai_python):   # our runner on genai's onnxruntime too
+                timers["onnxruntime_own_process_genai_ort"] = lambda: _own_process_rate(
+                    art, prompt, steps, threads, accuracy_level, genai_python)
         rates = _round_robin(timers, reps)
     onnx_tps, llama_tps = (statistics.median(rates[k]) for k in ("onnxruntime", "llama_cpp"))
     result = {
@@ -190,16 +200,31 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
         }
         result["onnxruntime_own_process"] = _entry(
             rates["onnxruntime_own_process"], note="our runner alone in a fresh process, "
-            "timed like genai's generator (the pair to compare)")
+            "timed like genai's generator", onnxruntime=_OWN_VERSIONS.get(sys.executable))
         own = statistics.median(rates["onnxruntime_own_process"])
         result["genai"]["ratio_own_process_over_generator"] = round(
             own / result["genai"]["generator"]["tokens_per_s"], 3)
+        if "onnxruntime_own_process_genai_ort" in rates:
+            result["onnxruntime_own_process_genai_ort"] = _entry(
+                rates["onnxruntime_own_process_genai_ort"], note="our runner alone in a fresh "
+                "process of the genai interpreter: the onnxruntime genai's generator runs on "
+                "(the pair to compare)", onnxruntime=_OWN_VERSIONS.get(genai_python))
+            same = statistics.median(rates["onnxruntime_own_process_genai_ort"])
+            result["genai"]["ratio_own_process_same_ort_over_generator"] = round(
+                same / result["genai"]["generator"]["tokens_per_s"], 3)
         for key in ("model_same_runtime", "generator"):
             g = result["genai"][key]
             result["genai"][f"ratio_onnx_over_{key}"] = round(onnx_tps / g["tokens_per_s"], 3)
             result["genai"][f"ratio_onnx_over_{key}_best"] = round(
                 max(rates["onnxruntime"]) / g["best_tokens_per_s"], 3)
     return result
+
+
+def genai_has_arkinfer(python: str) -> bool:
+    """Can the genai interpreter import our runner (`pip install --no-deps -e .` there)?"""
+    done = subprocess.run([python, "-c", "import arkinfer.backends.onnx.runner"],
+                          capture_output=True, text=True)
+    return done.returncode == 0
 
 
 def ort_version() -> str:
@@ -247,6 +272,10 @@ def main() -> None:
         print(f"  in processes of their own: onnxruntime "
               f"{result['onnxruntime_own_process']['tokens_per_s']} tok/s vs genai's generator "
               f"{g['generator']['tokens_per_s']}: {g['ratio_own_process_over_generator']}")
+        if "ratio_own_process_same_ort_over_generator" in g:
+            own = result["onnxruntime_own_process_genai_ort"]
+            print(f"  ours on genai's onnxruntime {own['onnxruntime']}: {own['tokens_per_s']} "
+                  f"tok/s: {g['ratio_own_process_same_ort_over_generator']} of its generator")
     print(f"  load average before {load_before}, after {result['load_average_after']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

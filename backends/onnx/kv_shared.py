@@ -80,6 +80,11 @@ class SharedKV:
         vocab = int(session.get_outputs()[0].shape[-1])
         self.step_logits = np.zeros([1, 1, vocab], np.float32)
         self.step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
+        # a decode step's token and position: written in place, bound once (as genai does)
+        self.step_token = np.zeros([1, 1], np.int64)
+        self.step_position = np.zeros([1], np.int64)
+        self.step_inputs = {"tokens": ort.OrtValue.ortvalue_from_numpy(self.step_token),
+                            "positions": ort.OrtValue.ortvalue_from_numpy(self.step_position)}
         self.reset()
 
     def reset(self) -> None:
@@ -96,6 +101,7 @@ class SharedKV:
                 a[:, :, :keep] = self.arrays[name][:, :, :keep]
             new[name] = a
         self.arrays, self.capacity = new, rows
+        self.decode_bound = False      # the step buffers are bound to this binding
         self.binding = self.session.io_binding()
         self.binding.bind_output("logits")  # first: get_outputs()[0] after a prefill
         for name, a in self.arrays.items():
@@ -108,14 +114,18 @@ class SharedKV:
         end = int(positions[-1]) + 1
         if end > self.capacity:
             self._grow(min(max(2 * self.capacity, end), self.limit), int(positions[0]))
-        decode = tokens.shape[1] == 1
-        if decode:
-            self.binding.bind_ortvalue_output("logits", self.step_value)
-        else:  # unallocated: ORT sizes it for this T
-            self.binding.bind_output("logits")
+        if tokens.shape[1] == 1:
+            if not self.decode_bound:   # after a prefill or a growth: bind the step buffers
+                self.binding.bind_ortvalue_output("logits", self.step_value)
+                for name, value in self.step_inputs.items():
+                    self.binding.bind_ortvalue_input(name, value)
+                self.decode_bound = True
+            self.step_token[0, 0], self.step_position[0] = tokens[0, 0], positions[0]
+            self.session.run_with_iobinding(self.binding)
+            return self.step_logits.copy()  # own copy: the next step overwrites the buffer
+        self.decode_bound = False
+        self.binding.bind_output("logits")  # unallocated: ORT sizes it for this T
         self.binding.bind_cpu_input("tokens", tokens)
         self.binding.bind_cpu_input("positions", positions)
         self.session.run_with_iobinding(self.binding)
-        if decode:
-            return self.step_logits.copy()  # own copy: the next step overwrites the buffer
         return np.array(self.binding.get_outputs()[0].numpy())

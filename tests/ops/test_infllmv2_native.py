@@ -229,3 +229,32 @@ def test_avx512_tiles_give_the_avx2_bits(group, d, dtype):
     assert native.use_avx512()
     wide = _check_against_reference(q, k, v, cfg)
     assert torch.equal(wide[1], narrow[1]) and torch.equal(wide[0], narrow[0])
+
+
+@needs_native
+def test_decode_plan_is_rebuilt_when_the_cache_moves():
+    """Consecutive steps reuse the layer's DecodePlan (kept on the state's KernelRoom); steps on
+    a cache that moved (regrown by concatenation) or with other threads get a fresh one. Every
+    step equals a plan-free call on the same tensors."""
+    from arkinfer.ops.infllmv2 import reserve_room
+    torch.set_num_threads(2)
+    q, k, v = _case(4, 2, 1, 64, 340, torch.float32, seed=9)
+    scale = 64 ** -0.5
+    state = reserve_room(compress_keys(k[:, :, :300], SMALL))
+    plans: list = []                          # kept alive: distinct objects, not reused ids
+    for p in range(300, 340):
+        kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
+        if p % 10 == 5:                       # the cache moves: a new buffer
+            kk, vv = kk.clone(), vv.clone()
+        if p == 330:
+            torch.set_num_threads(1)
+        out, state, idx = infllmv2_attention(q, kk, vv, config=SMALL, scale=scale,
+                                             cache_len=p, state=state)
+        if not any(state.room.plan is seen for seen in plans):
+            plans.append(state.room.plan)
+        plain = compress_keys(kk, SMALL)      # no room: no plan kept
+        want, want_idx = decode_step(q, kk, vv, plain, config=SMALL, scale=scale, cache_len=p)
+        assert plain.room is None
+        assert torch.equal(idx, want_idx) and torch.equal(out, want)
+    # the first; two per one-step move (305, 315, 325, 335: to the copy and back); threads (330)
+    assert len(plans) == 10

@@ -44,6 +44,7 @@ class KernelRoom:
 
     def __init__(self, fine: Tensor, coarse: Tensor, ends: tuple[int, int]) -> None:
         self.fine, self.coarse, self.ends = fine, coarse, ends
+        self.plan = None    # the layer's native.DecodePlan, set by decode.decode_step
 
     @staticmethod
     def grown(n: int) -> int:

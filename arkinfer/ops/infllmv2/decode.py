@@ -26,7 +26,7 @@ from torch import Tensor
 
 from arkinfer.ops.infllmv2.common import CompressedKeys, check_keys_cover
 from arkinfer.ops.infllmv2.config import COARSE_FACTOR, SparseConfig
-from arkinfer.ops.infllmv2.native import kernels
+from arkinfer.ops.infllmv2.native import DecodePlan, kernels
 
 __all__ = ["decode_attention", "decode_idx", "decode_is_sparse", "decode_select", "decode_step"]
 
@@ -47,17 +47,21 @@ def decode_step(q: Tensor, k: Tensor, v: Tensor, keys: CompressedKeys, *, config
     """A whole sparse decode step (decode_is_sparse must hold): q [B, Hq, 1, D] attends to
     k / v [B, Hkv, cache_len + 1, D] (rows of D contiguous), the blocks chosen with q_sel (default
     q) and the compressed keys of the whole cache -> (out [B, Hq, 1, D] in q.dtype,
-    idx int64 [B, Hkv, 1, budget])."""
+    idx int64 [B, Hkv, 1, budget]). With the C kernel, the call's fixed arguments are built once
+    per layer (a `DecodePlan` kept on the state's `KernelRoom`): a step is one C call."""
     sel = q if q_sel is None else q_sel
+    check_keys_cover(keys, cache_len + 1)
+    room = keys.room          # a decode state's buffers: the layer's DecodePlan lives there
+    plan = getattr(room, "plan", None)
+    if plan is not None and plan.fits(sel, q, keys, k, v, config, scale):
+        return plan.run(sel, q, keys, k, v, config, scale, cache_len)
     native = kernels()
     if (native is not None and k.dtype == v.dtype
             and native.supports(q.shape[3], q, sel, k, v, keys.fine, keys.coarse)):
-        check_keys_cover(keys, cache_len + 1)
-        out = torch.empty(q.shape, dtype=q.dtype)
-        idx = torch.empty(q.shape[0], k.shape[1], 1, config.budget, dtype=torch.int64)
-        native.decode(sel, q, keys, k, v, config=config, scale=scale, cache_len=cache_len,
-                      idx=idx, out=out)
-        return out, idx
+        plan = DecodePlan(native, sel, q, keys, k, v, config, scale)
+        if room is not None:
+            room.plan = plan
+        return plan.run(sel, q, keys, k, v, config, scale, cache_len)
     far = decode_select(sel, keys, config=config, scale=scale, cache_len=cache_len)
     out = decode_attention(q, k, v, far, config=config, scale=scale, cache_len=cache_len)
     return out, decode_idx(far, config, cache_len, q.shape[0])

@@ -28,7 +28,7 @@ from arkinfer.native_build import NativeBuildError, load_library
 from arkinfer.ops.infllmv2.common import CompressedKeys
 from arkinfer.ops.infllmv2.config import COARSE_FACTOR, SparseConfig
 
-__all__ = ["NativeKernels", "kernels", "torch_only"]
+__all__ = ["DecodePlan", "NativeKernels", "kernels", "torch_only"]
 
 _SOURCES = [Path(__file__).with_name(n) for n in ("decode_kernel.c", "decode_simd.h")]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}   # enum of decode_simd.h
@@ -123,33 +123,15 @@ class NativeKernels:
         k / v [B, Hkv, cache_len + 1, D] (same dtype). Writes idx int64 [B, Hkv, 1, budget]
         (contiguous) and out [B, Hq, 1, D] (contiguous, any supported dtype). With q, k, v and
         out None, stage 1 only: just idx."""
-        b, hq, _, d = q_sel.shape
-        hkv = keys.fine.shape[1]
-        fine, coarse = keys.fine, keys.coarse
-        step = config.kernel_size // config.kernel_stride
-        if config.kernel_size % config.kernel_stride:
-            step = 0        # the coarse logits are not means of fine ones: score Kc2
-        attend = out is not None
-        q2, k2, v2 = (q, k, v) if attend else (q_sel, q_sel, q_sel)
-        args = DecodeArgs(
-            b, hkv, hq // hkv, d,
-            q_sel.data_ptr(), _DTYPES[q_sel.dtype], q_sel.stride(0), q_sel.stride(1),
-            q2.data_ptr(), _DTYPES[q2.dtype], q2.stride(0), q2.stride(1),
-            scale,
-            fine.data_ptr(), fine.stride(0), fine.stride(1), fine.stride(2), fine.shape[2],
-            coarse.data_ptr(), coarse.stride(0), coarse.stride(1), coarse.stride(2),
-            coarse.shape[2],
-            k2.data_ptr() if attend else None, v2.data_ptr() if attend else None,
-            _DTYPES[k2.dtype], k2.stride(0), k2.stride(1), k2.stride(2),
-            v2.stride(0), v2.stride(1), v2.stride(2),
-            cache_len, config.block_size, config.init_blocks, config.local_blocks, config.topk,
-            config.kernels_per_block, COARSE_FACTOR, step,
-            idx.data_ptr(), out.data_ptr() if attend else None,
-            _DTYPES[out.dtype] if attend else 0,
-            None, 0, torch.get_num_threads())
+        self.call(_decode_args(q_sel, q, keys, k, v, config, scale, cache_len, idx, out),
+                  q_sel, cache_len, keys)
+
+    def call(self, args: DecodeArgs, q_sel: Tensor, cache_len: int, keys: CompressedKeys
+             ) -> None:
+        """Run ark_decode on filled-in arguments (the workspace is this module's, per thread)."""
         work = getattr(_workspace, "buf", None)
-        if work is not None:
-            args.work, args.work_floats = work.data_ptr(), work.numel()
+        args.work, args.work_floats = (None, 0) if work is None else (work.data_ptr(),
+                                                                      work.numel())
         rc = self._decode(ctypes.byref(args))
         if rc > 0:    # the workspace is too small: grow it (rarely: it only grows with the cache)
             work = _workspace.buf = torch.empty(rc + rc // 4, dtype=torch.float32)
@@ -157,7 +139,82 @@ class NativeKernels:
             rc = self._decode(ctypes.byref(args))
         if rc:
             raise ValueError(f"ark_decode: {_ERRORS.get(rc, rc)} (q {tuple(q_sel.shape)}, "
-                             f"cache_len {cache_len}, fine keys {tuple(fine.shape)})")
+                             f"cache_len {cache_len}, fine keys {tuple(keys.fine.shape)})")
+
+
+def _decode_args(q_sel: Tensor, q: Tensor | None, keys: CompressedKeys, k: Tensor | None,
+                 v: Tensor | None, config: SparseConfig, scale: float, cache_len: int,
+                 idx: Tensor, out: Tensor | None) -> DecodeArgs:
+    """ark_decode_args for NativeKernels.decode (same arguments)."""
+    b, hq, _, d = q_sel.shape
+    hkv = keys.fine.shape[1]
+    fine, coarse = keys.fine, keys.coarse
+    step = config.kernel_size // config.kernel_stride
+    if config.kernel_size % config.kernel_stride:
+        step = 0        # the coarse logits are not means of fine ones: score Kc2
+    attend = out is not None
+    q2, k2, v2 = (q, k, v) if attend else (q_sel, q_sel, q_sel)
+    return DecodeArgs(
+        b, hkv, hq // hkv, d,
+        q_sel.data_ptr(), _DTYPES[q_sel.dtype], q_sel.stride(0), q_sel.stride(1),
+        q2.data_ptr(), _DTYPES[q2.dtype], q2.stride(0), q2.stride(1),
+        scale,
+        fine.data_ptr(), fine.stride(0), fine.stride(1), fine.stride(2), fine.shape[2],
+        coarse.data_ptr(), coarse.stride(0), coarse.stride(1), coarse.stride(2),
+        coarse.shape[2],
+        k2.data_ptr() if attend else None, v2.data_ptr() if attend else None,
+        _DTYPES[k2.dtype], k2.stride(0), k2.stride(1), k2.stride(2),
+        v2.stride(0), v2.stride(1), v2.stride(2),
+        cache_len, config.block_size, config.init_blocks, config.local_blocks, config.topk,
+        config.kernels_per_block, COARSE_FACTOR, step,
+        idx.data_ptr(), out.data_ptr() if attend else None,
+        _DTYPES[out.dtype] if attend else 0,
+        None, 0, torch.get_num_threads())
+
+
+class DecodePlan:
+    """One layer's decode-step arguments, built once and kept on its compressed-key buffers
+    (`KernelRoom.plan`), so a step fills in only what changes: the query pointers, the cache
+    length, the kernel counts and the outputs. `fits` says whether this step's tensors are the
+    ones it was built for (same cache buffers, strides, dtypes, shapes, config, scale, threads);
+    a cache that moves (grown by concatenation) simply builds a new plan each step."""
+
+    def __init__(self, native: NativeKernels, q_sel: Tensor, q: Tensor, keys: CompressedKeys,
+                 k: Tensor, v: Tensor, config: SparseConfig, scale: float) -> None:
+        self.native, self.key = native, _plan_key(q_sel, q, keys, k, v, config, scale)
+        self.budget = config.budget
+        self.same_q = q_sel is q
+        self.idx_shape = (q.shape[0], k.shape[1], 1, config.budget)
+        self.args: DecodeArgs | None = None
+
+    def fits(self, q_sel: Tensor, q: Tensor, keys: CompressedKeys, k: Tensor, v: Tensor,
+             config: SparseConfig, scale: float) -> bool:
+        return _plan_key(q_sel, q, keys, k, v, config, scale) == self.key
+
+    def run(self, q_sel: Tensor, q: Tensor, keys: CompressedKeys, k: Tensor, v: Tensor,
+            config: SparseConfig, scale: float, cache_len: int) -> tuple[Tensor, Tensor]:
+        """(out [B, Hq, 1, D] in q.dtype, idx int64 [B, Hkv, 1, budget]) of one step."""
+        out = torch.empty(q.shape, dtype=q.dtype)
+        idx = torch.empty(self.idx_shape, dtype=torch.int64)
+        a = self.args
+        if a is None:
+            a = self.args = _decode_args(q_sel, q, keys, k, v, config, scale, cache_len, idx, out)
+        else:
+            a.q_sel = q_sel.data_ptr()
+            a.q = a.q_sel if self.same_q else q.data_ptr()
+            a.n1, a.n2, a.cache_len = keys.fine.shape[2], keys.coarse.shape[2], cache_len
+            a.idx, a.out = idx.data_ptr(), out.data_ptr()
+        self.native.call(a, q_sel, cache_len, keys)
+        return out, idx
+
+
+def _plan_key(q_sel: Tensor, q: Tensor, keys: CompressedKeys, k: Tensor, v: Tensor,
+              config: SparseConfig, scale: float) -> tuple:
+    """What a DecodePlan's fixed arguments depend on (not: q's data, the cache length)."""
+    return (q_sel.shape, q_sel.stride(), q_sel.dtype, q_sel is q, q.shape, q.stride(), q.dtype,
+            k.data_ptr(), k.stride(), k.dtype, v.data_ptr(), v.stride(), v.dtype,
+            keys.fine.data_ptr(), keys.fine.stride(), keys.coarse.data_ptr(),
+            keys.coarse.stride(), config, scale, torch.get_num_threads())
 
 
 def kernels() -> NativeKernels | None:
