@@ -68,6 +68,7 @@ class GenaiGraphRunner:
 
         self.arrays = {name: np.zeros(self.kv_shape, np.float32) for name in self.past}
         self.binding = self.session.io_binding()
+        self.binding.bind_output("logits")     # first: get_outputs()[0] after a prefill
         for name, a in self.arrays.items():
             value = ort.OrtValue.ortvalue_from_numpy(a)      # shares a's memory
             self.binding.bind_ortvalue_input(name, value)
