@@ -95,6 +95,11 @@ def sample_next(logits: Tensor, temperature: float, top_p: float, gen: torch.Gen
     """One token id from logits [V]: greedy when temperature <= 0, else nucleus sampling
     (top_p in (0, 1], see `check_sampling`)."""
     if temperature <= 0:
+        if logits.device.type == "cpu" and logits.dtype == torch.float32:
+            # numpy's argmax: the same index (the first maximum; a NaN counts as the maximum in
+            # both), on one thread. torch's would wake its OpenMP pool every token, and those
+            # threads then spin on the cores onnxruntime or llama.cpp decode the next token on.
+            return int(logits.detach().numpy().argmax())
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:

@@ -34,12 +34,14 @@ from machine import machine_info
 
 
 def _decode_rate(runner, prompt: list[int], steps: int) -> float:
-    """tokens/s of `steps` decode calls after a prefill of `prompt`."""
+    """tokens/s of `steps` decode calls after a prefill of `prompt` (greedy with numpy's argmax,
+    as arkinfer.generate.sample_next does: a torch argmax would wake torch's thread pool between
+    the runtime's steps)."""
     runner.reset()
-    token = int(runner.prefill(prompt).argmax())
+    token = int(runner.prefill(prompt).numpy().argmax())
     t0 = time.perf_counter()
     for _ in range(steps):
-        token = int(runner.decode(token).argmax())
+        token = int(runner.decode(token).numpy().argmax())
     return steps / (time.perf_counter() - t0)
 
 
@@ -54,10 +56,10 @@ runner = OnnxRunner(art, threads=threads, accuracy_level=level)
 rates = []
 for rep in range(2):
     runner.reset()
-    token = int(runner.prefill(prompt).argmax())
+    token = int(runner.prefill(prompt).numpy().argmax())
     t0 = time.perf_counter()
     for _ in range(steps):
-        token = int(runner.decode(token).argmax())
+        token = int(runner.decode(token).numpy().argmax())
     rates.append(steps / (time.perf_counter() - t0))
 import onnxruntime
 print(json.dumps({"rate": rates[-1], "onnxruntime": onnxruntime.__version__}))
