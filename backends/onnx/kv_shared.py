@@ -109,20 +109,30 @@ class SharedKV:
             self.binding.bind_ortvalue_input(name, value)
             self.binding.bind_ortvalue_output(name.replace("past.", "present.", 1), value)
 
+    def step(self, token: int, position: int) -> np.ndarray:
+        """One decode step at `position` (< capacity) -> logits f32 [V], a copy of its own (the
+        next step overwrites the bound buffer). The binding's pybind object is run directly:
+        the Python wrapper's per-call checks are for WebGPU graph capture."""
+        if not self.decode_bound:   # after a prefill or a growth: bind the step buffers
+            self.binding.bind_ortvalue_output("logits", self.step_value)
+            for name, value in self.step_inputs.items():
+                self.binding.bind_ortvalue_input(name, value)
+            self.decode_bound = True
+        self.step_token[0, 0], self.step_position[0] = token, position
+        raw = getattr(self.binding, "_iobinding", None)
+        if raw is not None and hasattr(self.session, "_sess"):
+            self.session._sess.run_with_iobinding(raw, None)
+        else:
+            self.session.run_with_iobinding(self.binding)
+        return self.step_logits[0, 0].copy()
+
     def run(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """tokens i64 [1, T], positions i64 [T] (= P..P+T-1) -> logits f32 [1, T, V]."""
         end = int(positions[-1]) + 1
         if end > self.capacity:
             self._grow(min(max(2 * self.capacity, end), self.limit), int(positions[0]))
         if tokens.shape[1] == 1:
-            if not self.decode_bound:   # after a prefill or a growth: bind the step buffers
-                self.binding.bind_ortvalue_output("logits", self.step_value)
-                for name, value in self.step_inputs.items():
-                    self.binding.bind_ortvalue_input(name, value)
-                self.decode_bound = True
-            self.step_token[0, 0], self.step_position[0] = tokens[0, 0], positions[0]
-            self.session.run_with_iobinding(self.binding)
-            return self.step_logits.copy()  # own copy: the next step overwrites the buffer
+            return self.step(int(tokens[0, 0]), int(positions[0]))[None, None]
         self.decode_bound = False
         self.binding.bind_output("logits")  # unallocated: ORT sizes it for this T
         self.binding.bind_cpu_input("tokens", tokens)

@@ -100,6 +100,16 @@ class OnnxRunner(StepRunner):
             shape = [0 if isinstance(d, str) or d is None else int(d) for d in i.shape]
             self.cache[i.name] = np.zeros(shape, np.float32)
 
+    def decode(self, token: int) -> torch.Tensor:
+        """logits [V] of one new token; with the shared KV buffers a step is one bound run whose
+        token and position are written in place (no per-step arrays or bindings)."""
+        if self.shared_kv is None or self.pos >= self.shared_kv.capacity or (
+                self.fused.get(ROTARY_GQA) and self.pos + 1 > self.max_positions):
+            return super().decode(token)   # the checks and the buffer growth
+        logits = self.shared_kv.step(int(token), self.pos)
+        self.pos += 1
+        return torch.from_numpy(logits)
+
     def _step(self, ids: list[int], last_only: bool = False) -> torch.Tensor:
         if self.fused.get(ROTARY_GQA) and self.pos + len(ids) > self.max_positions:
             raise NotAvailableError(
