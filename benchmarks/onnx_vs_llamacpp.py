@@ -49,19 +49,14 @@ def _decode_rate(runner, prompt: list[int], steps: int) -> float:
 # the fair partner of that row, since sharing a process with llama.cpp and the other sessions
 # measured 10-15 % slower for our runner than the same runner alone.
 _OWN_PROCESS = """
-import json, sys, time
+import json, sys
+sys.path.insert(0, sys.argv[6])   # benchmarks/: this file's _decode_rate
+import onnxruntime
 from arkinfer.backends.onnx.runner import OnnxRunner
+from onnx_vs_llamacpp import _decode_rate
 art, prompt, steps, threads, level = sys.argv[1], json.loads(sys.argv[2]), *map(int, sys.argv[3:6])
 runner = OnnxRunner(art, threads=threads, accuracy_level=level)
-rates = []
-for rep in range(2):
-    runner.reset()
-    token = int(runner.prefill(prompt).numpy().argmax())
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        token = int(runner.decode(token).numpy().argmax())
-    rates.append(steps / (time.perf_counter() - t0))
-import onnxruntime
+rates = [_decode_rate(runner, prompt, steps) for _ in range(2)]   # a warm-up pass, a timed one
 print(json.dumps({"rate": rates[-1], "onnxruntime": onnxruntime.__version__}))
 """
 
@@ -74,7 +69,8 @@ def _own_process_rate(art: Path, prompt: list[int], steps: int, threads: int, le
     """tokens/s of our runner in a process of its own (one warm-up pass, one timed), run by
     `python` (another interpreter with arkinfer installed: its onnxruntime)."""
     done = subprocess.run([python, "-c", _OWN_PROCESS, str(art), json.dumps(prompt),
-                           str(steps), str(threads), str(level)], capture_output=True, text=True)
+                           str(steps), str(threads), str(level), str(Path(__file__).parent)],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the onnxruntime child ({python}) failed:\n{done.stderr[-2000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])

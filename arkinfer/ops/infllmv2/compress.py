@@ -34,6 +34,12 @@ def kernel_means(k: Tensor, kernel: int, stride: int, first: int, count: int) ->
     return acc.mul_(1.0 / kernel)
 
 
+def _kernel_shapes(config: SparseConfig) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(kernel, stride) of the fine and of the coarse compressed keys."""
+    return ((config.kernel_size, config.kernel_stride),
+            (config.coarse_kernel_size, config.coarse_kernel_stride))
+
+
 class KernelRoom:
     """Spare capacity behind a decode state's compressed keys (`CompressedKeys.room`).
 
@@ -68,8 +74,8 @@ def reserve_room(state: CompressedKeys, for_kernels: tuple[int, int] = (0, 0)) -
     return CompressedKeys(room.fine[:, :, :n1], room.coarse[:, :, :n2], state.length, room)
 
 
-def _append_in_place(k: Tensor, config: SparseConfig, state: CompressedKeys, need: tuple[int, int],
-                     means) -> CompressedKeys:
+def _append_in_place(k: Tensor, config: SparseConfig, state: CompressedKeys,
+                     need: tuple[int, ...], means) -> CompressedKeys:
     """The state extended to need = (n1, n2) kernels of the cache k: written into the spare room
     behind state (made, with one copy, when there is none or it is full or taken)."""
     have = (state.fine.shape[2], state.coarse.shape[2])
@@ -77,10 +83,9 @@ def _append_in_place(k: Tensor, config: SparseConfig, state: CompressedKeys, nee
     if (not isinstance(room, KernelRoom) or room.ends != have
             or need[0] > room.fine.shape[2] or need[1] > room.coarse.shape[2]):
         room = reserve_room(state, need).room
-    kernels = ((config.kernel_size, config.kernel_stride),
-               (config.coarse_kernel_size, config.coarse_kernel_stride))
     native = kernels_or_none() if means is kernel_means else None
-    for buf, n_have, n_need, (kernel, stride) in zip((room.fine, room.coarse), have, need, kernels):
+    for buf, n_have, n_need, (kernel, stride) in zip((room.fine, room.coarse), have, need,
+                                                     _kernel_shapes(config)):
         if n_need > n_have:
             into = buf[:, :, n_have:n_need]
             if native is None or not native.kernel_means_into(k, kernel, stride, n_have, into):
@@ -96,10 +101,9 @@ def compress_keys(k: Tensor, config: SparseConfig, *, means=kernel_means) -> Com
     `means`: `kernel_means` of another array library with the same signature (the MLX runtime
     passes its own), so every implementation shares this bookkeeping."""
     s = k.shape[2]
-    fk, fs = config.kernel_size, config.kernel_stride
-    ck, cs = config.coarse_kernel_size, config.coarse_kernel_stride
-    return CompressedKeys(fine=means(k, fk, fs, 0, n_kernels(s, fk, fs)),
-                          coarse=means(k, ck, cs, 0, n_kernels(s, ck, cs)), length=s)
+    fine, coarse = (means(k, kernel, stride, 0, n_kernels(s, kernel, stride))
+                    for kernel, stride in _kernel_shapes(config))
+    return CompressedKeys(fine=fine, coarse=coarse, length=s)
 
 
 def update_compressed(k: Tensor, config: SparseConfig, state: CompressedKeys | None = None, *,
@@ -118,23 +122,21 @@ def update_compressed(k: Tensor, config: SparseConfig, state: CompressedKeys | N
     s = k.shape[2]
     if state.length > s:
         raise ValueError(f"CompressedKeys covers {state.length} keys but the cache holds only {s}")
+    have = (state.fine.shape[2], state.coarse.shape[2])
     need = []
-    for old, kernel, stride in ((state.fine, config.kernel_size, config.kernel_stride),
-                                (state.coarse, config.coarse_kernel_size,
-                                 config.coarse_kernel_stride)):
-        if old.shape[2] != n_kernels(state.length, kernel, stride):
-            raise ValueError(f"CompressedKeys holds {old.shape[2]} kernels of size {kernel}, not "
+    for n_have, (kernel, stride) in zip(have, _kernel_shapes(config)):
+        if n_have != n_kernels(state.length, kernel, stride):
+            raise ValueError(f"CompressedKeys holds {n_have} kernels of size {kernel}, not "
                              f"the {n_kernels(state.length, kernel, stride)} of {state.length} "
                              "keys; was it made with another sparse_config? pass state=None")
         need.append(n_kernels(s, kernel, stride))
-    if (state.fine.shape[2], state.coarse.shape[2]) == tuple(need):
+    if have == tuple(need):
         return state if state.length == s else CompressedKeys(state.fine, state.coarse, s,
                                                               state.room)
     if cat is None:
-        return _append_in_place(k, config, state, (need[0], need[1]), means)
-    return CompressedKeys(
-        fine=cat(state.fine, means(k, config.kernel_size, config.kernel_stride,
-                                   state.fine.shape[2], need[0] - state.fine.shape[2])),
-        coarse=cat(state.coarse, means(k, config.coarse_kernel_size, config.coarse_kernel_stride,
-                                       state.coarse.shape[2], need[1] - state.coarse.shape[2])),
-        length=s)
+        return _append_in_place(k, config, state, tuple(need), means)
+    fine, coarse = (old if n_need == n_have else
+                    cat(old, means(k, kernel, stride, n_have, n_need - n_have))
+                    for old, n_have, n_need, (kernel, stride)
+                    in zip((state.fine, state.coarse), have, need, _kernel_shapes(config)))
+    return CompressedKeys(fine=fine, coarse=coarse, length=s)

@@ -182,7 +182,6 @@ class DecodePlan:
     def __init__(self, native: NativeKernels, q_sel: Tensor, q: Tensor, keys: CompressedKeys,
                  k: Tensor, v: Tensor, config: SparseConfig, scale: float) -> None:
         self.native, self.key = native, _plan_key(q_sel, q, keys, k, v, config, scale)
-        self.budget = config.budget
         self.same_q = q_sel is q
         self.idx_shape = (q.shape[0], k.shape[1], 1, config.budget)
         self.args: DecodeArgs | None = None
