@@ -23,8 +23,9 @@
  *      | (2^24 - 1 - block): by score, then the lower block), the idx row
  *   E. stage 2 per (bh, chunk of 512 selected rows): scores, chunk softmax (max m, sum l),
  *      acc = p @ V; the rows are the far blocks of idx, then keys first_window_block * bs .. end.
- *      K, then V, then the next chunk's K are one stream of rows, each requested (prefetch into
- *      L2) PF_AHEAD rows before it is read
+ *      K, then V, then the next chunk's K are one stream of rows, each requested PF_AHEAD rows
+ *      before it is read, its lines spread over the tile that computes the rows before it
+ *      (ark_pf; stage 1's compressed keys likewise, SCAN_AHEAD ahead)
  *   F. per (bh, g): out = sum acc * e^(m - M) / sum l * e^(m - M), M the chunks' max
  */
 #include <float.h>
@@ -38,8 +39,10 @@
 #define CHUNK_KERNELS 512   /* compressed keys per stage-1 task */
 #define CHUNK_ROWS 512      /* selected KV rows per stage-2 task */
 #define RUN_ROWS 32         /* rows widened / scored at once (fp32 buffer: 32 * D floats, L1) */
-#define PF_AHEAD 16         /* KV rows requested ahead of the one read (8 KiB of fp32 K) */
+#define PF_AHEAD 32         /* KV rows requested ahead of the one read (16 KiB of fp32 K) */
 #define SCAN_AHEAD 32       /* compressed keys requested ahead of the one scored (16 KiB) */
+#define MAX_ROW_LINES 32    /* cache lines per row the prefetch lists hold (D * element <= 2 KiB) */
+#define PF_LINES (PF_AHEAD * MAX_ROW_LINES)
 #define BLOCK_BITS 24
 #define BLOCK_MASK ((1LL << BLOCK_BITS) - 1)
 
@@ -142,15 +145,19 @@ static void score_compressed(const ctx_t *c, int64_t task) {
     /* The keys are contiguous, but the hardware prefetcher restarts at every 4 KiB page: rows
      * requested SCAN_AHEAD ahead (into L1: 1-6 % better than L2) made the whole step 9-13 %
      * faster with the cache in L3 (128K, one thread: group 2 1.59 -> 1.44 ms, group 16 4.08 ->
-     * 3.55 ms), 5 % at 32K, ~1 % from DRAM. */
+     * 3.55 ms), 5 % at 32K, ~1 % from DRAM. The tiles issue the requests a few at a time
+     * (ark_pf): group 16 at 128K from DRAM 12 % faster than requesting a run's rows at once. */
+    const char *lines[PF_LINES];
+    ark_pf pf = {lines, 0, 0};
     for (int64_t t = 0; t < len; t += SCAN_AHEAD) {
         const int64_t m = len - t < SCAN_AHEAD ? len - t : SCAN_AHEAD;
         const int64_t pf_end = lo + t + m + SCAN_AHEAD < n ? lo + t + m + SCAN_AHEAD : n;
+        pf.n = pf.i = 0;
         for (int64_t r = lo + t + SCAN_AHEAD; r < pf_end; r++)
-            for (int64_t j = 0; j < c->D * 4; j += 64)
-                _mm_prefetch((const char *)(keys + r * ld) + j, _MM_HINT_T0);
+            for (int64_t j = 0; j < c->D * 4; j += 64) lines[pf.n++] = (const char *)(keys + r * ld) + j;
         scores_tiles(qT, qT + c->D * c->Gp, c->G, c->D, keys + (lo + t) * ld, ld, m, out + lo + t,
-                     n);
+                     n, &pf);
+        ark_pf_rest(&pf);
     }
 }
 
@@ -276,38 +283,32 @@ static const float *run_rows(const ctx_t *c, const void *base, int64_t ld, int64
     return buf;
 }
 
-/* Prefetch (into L2) the rows at positions [from, to) of the row sequence of `base`. */
-static void prefetch_rows(const ctx_t *c, const int64_t *far, const char *base, int64_t ld_bytes,
-                          int64_t from, int64_t to) {
+/* Append to q the cache lines of the rows at positions [from, to) of the row sequence of `base`. */
+static void list_rows(const ctx_t *c, const int64_t *far, const char *base, int64_t ld_bytes,
+                      int64_t from, int64_t to, ark_pf *q) {
     const int64_t bytes = c->D * c->esz;
     for (int64_t len; from < to; from += len) {
         const char *r = base + locate(c, far, from, to, &len) * ld_bytes;
-        for (const char *end = r + len * ld_bytes; r < end; r += ld_bytes) {
-            int64_t j = 0;
-            for (; j + 256 <= bytes; j += 256) {   /* unrolled: the loop cost 4.5 instr / line */
-                _mm_prefetch(r + j, _MM_HINT_T1);
-                _mm_prefetch(r + j + 64, _MM_HINT_T1);
-                _mm_prefetch(r + j + 128, _MM_HINT_T1);
-                _mm_prefetch(r + j + 192, _MM_HINT_T1);
-            }
-            for (; j < bytes; j += 64) _mm_prefetch(r + j, _MM_HINT_T1);
-        }
+        for (const char *end = r + len * ld_bytes; r < end; r += ld_bytes)
+            for (int64_t j = 0; j < bytes; j += 64) q->line[q->n++] = r + j;
     }
 }
 
 /* A chunk reads, in order, its K rows, its V rows, then (usually on the same thread) the next
- * chunk's K rows: positions [0, n), [n, 2n), [2n, ...) of one stream. prefetch_stream requests
- * the stream's positions [from, to) (past the last row: nothing). */
-static void prefetch_stream(const ctx_t *c, const int64_t *far, const char *kb, const char *vb,
-                            int64_t lo, int64_t hi, int64_t from, int64_t to) {
+ * chunk's K rows: positions [0, n), [n, 2n), [2n, ...) of one stream. list_stream makes q the
+ * lines of the stream's positions [from, to) (past the last row: nothing), at most PF_AHEAD
+ * rows. */
+static void list_stream(const ctx_t *c, const int64_t *far, const char *kb, const char *vb,
+                        int64_t lo, int64_t hi, int64_t from, int64_t to, ark_pf *q) {
     const int64_t n = hi - lo, kld = c->a->k_sr * c->esz, vld = c->a->v_sr * c->esz;
-    if (from < n) prefetch_rows(c, far, kb, kld, lo + from, lo + (to < n ? to : n));
+    q->n = q->i = 0;
+    if (from < n) list_rows(c, far, kb, kld, lo + from, lo + (to < n ? to : n), q);
     if (to > n && from < 2 * n)
-        prefetch_rows(c, far, vb, vld, lo + (from > n ? from - n : 0),
-                      lo + (to < 2 * n ? to - n : n));
+        list_rows(c, far, vb, vld, lo + (from > n ? from - n : 0), lo + (to < 2 * n ? to - n : n),
+                  q);
     if (to > 2 * n) {
         const int64_t end = hi + to - 2 * n < c->rows ? hi + to - 2 * n : c->rows;
-        prefetch_rows(c, far, kb, kld, hi + (from > 2 * n ? from - 2 * n : 0), end);
+        list_rows(c, far, kb, kld, hi + (from > 2 * n ? from - 2 * n : 0), end, q);
     }
 }
 
@@ -327,13 +328,19 @@ static void attend_chunk(const ctx_t *c, int64_t task, float *scratch) {
      * Before, a run's V rows were requested during the K pass, 512 rows before the weighted sum
      * read them: 256 KiB of fp32 V parked in L2 per chunk and thread, the whole L2 of a core
      * whose two SMT threads both do that. Now ~16 KiB per thread is in flight. Same speed on a
-     * 2 MiB-L2 Xeon (one thread, 32K, group 2: within 2 %), no dependence on L2 size. */
-    int64_t len, ld, pf = 0;
+     * 2 MiB-L2 Xeon (one thread, 32K, group 2: within 2 %), no dependence on L2 size. The
+     * lines of the next run are issued by the tiles of this one, a few per multiply-add step. */
+    const char *lines[PF_LINES];
+    ark_pf q = {lines, 0, 0};
+    int64_t len, ld, pf = PF_AHEAD;
+    list_stream(c, far, kb, vb, lo, hi, 0, PF_AHEAD, &q);   /* the first rows: at once */
+    ark_pf_rest(&q);
     for (int64_t off = lo; off < hi; off += len) {
         const int64_t row = locate(c, far, off, hi, &len), to = off - lo + len + PF_AHEAD;
-        if (pf < to) prefetch_stream(c, far, kb, vb, lo, hi, pf, to), pf = to;
+        if (pf < to) list_stream(c, far, kb, vb, lo, hi, pf, to, &q), pf = to;
         const float *rows = run_rows(c, kb, a->k_sr, row, len, buf, &ld);
-        scores_tiles(qT, qT + D * c->Gp, G, D, rows, ld, len, sc + off - lo, CHUNK_ROWS);
+        scores_tiles(qT, qT + D * c->Gp, G, D, rows, ld, len, sc + off - lo, CHUNK_ROWS, &q);
+        ark_pf_rest(&q);
     }
     float *m = c->part + task * c->part_floats, *l = m + G, *out = l + G;
     for (int64_t g = 0; g < c->GP; g++) {
@@ -367,9 +374,10 @@ static void attend_chunk(const ctx_t *c, int64_t task, float *scratch) {
     memset(acc, 0, sizeof(float) * c->GP * D);
     for (int64_t off = lo; off < hi; off += len) {
         const int64_t row = locate(c, far, off, hi, &len), to = n + off - lo + len + PF_AHEAD;
-        if (pf < to) prefetch_stream(c, far, kb, vb, lo, hi, pf, to), pf = to;
+        if (pf < to) list_stream(c, far, kb, vb, lo, hi, pf, to, &q), pf = to;
         const float *rows = run_rows(c, vb, a->v_sr, row, len, buf, &ld);
-        pv_tiles(sc + off - lo, CHUNK_ROWS, c->GP, rows, ld, D, len, acc);
+        pv_tiles(sc + off - lo, CHUNK_ROWS, c->GP, rows, ld, D, len, acc, &q);
+        ark_pf_rest(&q);
     }
     memcpy(out, acc, sizeof(float) * G * D);
 }
@@ -460,7 +468,8 @@ static void run_phases(ctx_t *c, int tid, int nt) {
  * the kernel does not take: -1 head_dim / group, -2 dtype, -3 not a sparse step or block ids past
  * 2^24, -4 more selected rows than one combine buffer holds. */
 int64_t ark_decode(const ark_decode_args *a) {
-    if (a->head_dim % 16 || a->head_dim <= 0 || a->group < 1) return -1;
+    if (a->head_dim % 16 || a->head_dim <= 0 || a->head_dim > 16 * MAX_ROW_LINES || a->group < 1)
+        return -1;
     if (a->q_sel_dtype > ARK_F16 || a->q_dtype > ARK_F16 || a->kv_dtype > ARK_F16
         || a->out_dtype > ARK_F16 || a->q_sel_dtype < 0 || a->q_dtype < 0 || a->kv_dtype < 0)
         return -2;
