@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,19 @@ from arkinfer.testing.synthetic import write_checkpoint
 from arkinfer.models.configs import tiny_config
 
 torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def onnx_host_cache(tmp_path_factory):
+    """The ONNX host runner's rewritten graphs (backends/onnx/host_graph.py) go to a temporary
+    folder, not the user's ~/.cache/arkinfer (subprocesses inherit it)."""
+    before = os.environ.get("ARKINFER_ONNX_HOST_CACHE")
+    os.environ["ARKINFER_ONNX_HOST_CACHE"] = str(tmp_path_factory.mktemp("onnx-host"))
+    yield
+    if before is None:
+        os.environ.pop("ARKINFER_ONNX_HOST_CACHE", None)
+    else:
+        os.environ["ARKINFER_ONNX_HOST_CACHE"] = before
 
 
 @pytest.fixture

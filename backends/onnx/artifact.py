@@ -25,7 +25,8 @@ from arkinfer.backend import LowerRequest, LowerResult
 
 from . import fn_fused
 from .lower_onnx import lower_to_onnx
-from .runner import DEFAULT_MAX_POSITIONS, MAX_POSITIONS_KEY, ONNX_FILE
+from .host_graph import DEFAULT_MAX_POSITIONS, MAX_POSITIONS_KEY
+from .runner import ONNX_FILE
 from .weights import FolderWeights
 
 DATA_FILE = "model.onnx.data"

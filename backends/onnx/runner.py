@@ -11,7 +11,8 @@ runtime does); ops="contrib" first swaps the quantised linears for com.microsoft
 (contrib.py) and RMSNorm / SkipRMSNorm / RotaryGQA for SimplifiedLayerNormalization /
 SkipSimplifiedLayerNormalization / GroupQueryAttention (contrib_fused.py), then packs each
 attention's q/k/v MatMulNBits into one (contrib_qkv.py); ops="nbits" swaps the linears only.
-All compute the same weights; tests check they agree.
+All compute the same weights; tests check they agree. The rewritten graph is saved in ArkInfer's
+cache on the first load and read from there afterwards (host_graph.py; cache=False: in memory).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import torch
 
@@ -28,27 +28,24 @@ from arkinfer.backend import StepRunner
 from arkinfer.errors import NotAvailableError
 from arkinfer.frontend.tokenizer import load_tokenizer
 
-from .contrib import use_matmul_nbits
-from .contrib_fused import use_fused_ops
-from .contrib_qkv import pack_qkv
-from .kv_shared import SharedKV, shareable
 from .fn_fused import ROTARY_GQA
+from .host_graph import host_graph
+from .kv_shared import SharedKV
 
 ONNX_FILE = "model.onnx"
 Ops = Literal["contrib", "nbits", "function"]
-MAX_POSITIONS_KEY = "arkinfer.max_positions"  # metadata: rows of the rope caches GQA reads
-DEFAULT_MAX_POSITIONS = 8192  # for a graph without that key
 DEFAULT_ACCURACY_LEVEL = 0  # MatMulNBits' fp32 activations (README.md, "Host runner")
 
 
 class OnnxRunner(StepRunner):
     def __init__(self, artifact_dir: str | Path, ops: Ops = "contrib",
                  threads: int | None = None,
-                 accuracy_level: int = DEFAULT_ACCURACY_LEVEL) -> None:
+                 accuracy_level: int = DEFAULT_ACCURACY_LEVEL, cache: bool = True) -> None:
         """accuracy_level: MatMulNBits' compute precision (ops="contrib"): 0 (default) = fp32
         activations, the reference's numbers; 4 = activations quantised to int8 per block and
         integer dot products, as llama.cpp does on CPUs (about 2.7x faster decode on SmolLM2
-        here; benchmarks/onnx_vs_llamacpp.py)."""
+        here; benchmarks/onnx_vs_llamacpp.py). cache: keep the rewritten graph in ArkInfer's
+        cache (host_graph.py); False rewrites it in memory on every load."""
         self.dir = Path(artifact_dir)
         path = self.dir / ONNX_FILE
         if not path.is_file():
@@ -65,19 +62,15 @@ class OnnxRunner(StepRunner):
         self.ops, self.notes, self.fused, self.max_positions = ops, [], {}, None
         self.packed_qkv = 0  # attentions whose q/k/v MatMulNBits were packed into one
         self.shared_kv: SharedKV | None = None
+        self.graph_file: Path | None = None   # the cached rewritten graph the session reads
         if ops in ("contrib", "nbits"):
-            model = onnx.load(str(path))
-            self.replaced, self.notes = use_matmul_nbits(model, accuracy_level=accuracy_level)
-            if ops == "contrib":
-                props = {p.key: p.value for p in model.metadata_props}
-                self.max_positions = int(props.get(MAX_POSITIONS_KEY, DEFAULT_MAX_POSITIONS))
-                self.fused, notes = use_fused_ops(model, self.max_positions)
-                self.notes += notes
-                self.packed_qkv = pack_qkv(model)
-            shared = ops == "contrib" and shareable(model)
-            self.session = ort.InferenceSession(model.SerializeToString(), opts,
+            graph = host_graph(path, ops, accuracy_level, cache=cache)
+            self.replaced, self.notes, self.fused = graph.replaced, graph.notes, graph.fused
+            self.max_positions, self.packed_qkv = graph.max_positions, graph.packed_qkv
+            self.graph_file = graph.path
+            self.session = ort.InferenceSession(graph.session_source(), opts,
                                                 providers=["CPUExecutionProvider"])
-            if shared:  # KV in preallocated buffers GQA updates in place (kv_shared.py)
+            if graph.shared_kv:  # KV in preallocated buffers GQA updates in place (kv_shared.py)
                 self.shared_kv = SharedKV(self.session, self.max_positions)
         else:
             self.replaced = 0
