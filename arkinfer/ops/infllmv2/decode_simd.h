@@ -11,6 +11,8 @@
  *                 of 32 when G <= 2)
  *   exp256:       exp of 8 floats, ~1 ulp, exact at the edges (+inf, 0 for -inf, NaN kept,
  *                 subnormal results kept)
+ *   ark_pf:       the cache lines of the rows read next, which the tiles above request one at
+ *                 a time between their multiply-adds (the caller issues what is left over)
  */
 #ifndef ARK_DECODE_SIMD_H
 #define ARK_DECODE_SIMD_H
