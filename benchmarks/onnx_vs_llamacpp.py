@@ -126,6 +126,16 @@ def _entry(rates: list[float], **extra) -> dict:
             "best_tokens_per_s": round(max(rates), 2), "runs": [round(r, 2) for r in rates]}
 
 
+def pair_ratios(a: list[float], b: list[float]) -> dict:
+    """a[i] / b[i] over the rounds (both timed in round i, minutes apart at most): the median,
+    mean and standard deviation of the per-round ratio. On a VM whose speed drifts between
+    minutes and differs between processes, this is the comparison with an error bar."""
+    ratios = [x / y for x, y in zip(a, b)]
+    return {"median": round(statistics.median(ratios), 3), "mean": round(statistics.mean(ratios), 3),
+            "sd": round(statistics.stdev(ratios), 3) if len(ratios) > 1 else None,
+            "n": len(ratios)}
+
+
 def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: int = 0,
         nbits_baseline: bool = False, genai_python: str | None = None) -> dict:
     from arkinfer.backends.gguf.runner import LlamaCppRunner
@@ -178,6 +188,7 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
         "ratio_onnx_over_llamacpp_best": round(max(rates["onnxruntime"]) /
                                                max(rates["llama_cpp"]), 3),
         "ratio_llamacpp_over_onnx": round(llama_tps / onnx_tps, 3),
+        "pairs_onnx_over_llamacpp": pair_ratios(rates["onnxruntime"], rates["llama_cpp"]),
         "settings": {"threads": threads, "prompt_tokens": len(prompt), "decode_steps": steps,
                      "repetitions": reps, "warmup": 1, "order": "round-robin"},
         "machine": machine_info(threads=threads),
@@ -210,12 +221,22 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
             same = statistics.median(rates["onnxruntime_own_process_genai_ort"])
             result["genai"]["ratio_own_process_same_ort_over_generator"] = round(
                 same / result["genai"]["generator"]["tokens_per_s"], 3)
+        pairs = {"onnx_over_model_same_runtime": ("onnxruntime", "genai_model_same_runtime"),
+                 "own_process_over_generator": ("onnxruntime_own_process", "genai_generator"),
+                 "own_process_same_ort_over_generator": ("onnxruntime_own_process_genai_ort",
+                                                         "genai_generator")}
+        result["genai"]["pairs"] = {name: pair_ratios(rates[a], rates[b])
+                                    for name, (a, b) in pairs.items() if a in rates}
         for key in ("model_same_runtime", "generator"):
             g = result["genai"][key]
             result["genai"][f"ratio_onnx_over_{key}"] = round(onnx_tps / g["tokens_per_s"], 3)
             result["genai"][f"ratio_onnx_over_{key}_best"] = round(
                 max(rates["onnxruntime"]) / g["best_tokens_per_s"], 3)
     return result
+
+
+def _pairs_words(stats: dict) -> str:
+    return f"median {stats['median']}, mean {stats['mean']} ± {stats['sd']} (sd, {stats['n']} rounds)"
 
 
 def genai_has_arkinfer(python: str) -> bool:
@@ -256,7 +277,8 @@ def main() -> None:
           f"{result['llama_cpp']['tokens_per_s']} tok/s: onnx/llama.cpp "
           f"{result['ratio_onnx_over_llamacpp']} (best rounds: "
           f"{result['onnxruntime']['best_tokens_per_s']} / {result['llama_cpp']['best_tokens_per_s']}"
-          f" = {result['ratio_onnx_over_llamacpp_best']})")
+          f" = {result['ratio_onnx_over_llamacpp_best']}; per round "
+          f"{_pairs_words(result['pairs_onnx_over_llamacpp'])})")
     if "onnxruntime_nbits_only" in result:
         print(f"  ops='nbits' (no fused ops) {result['onnxruntime_nbits_only']['tokens_per_s']} "
               "tok/s")
@@ -274,6 +296,8 @@ def main() -> None:
             own = result["onnxruntime_own_process_genai_ort"]
             print(f"  ours on genai's onnxruntime {own['onnxruntime']}: {own['tokens_per_s']} "
                   f"tok/s: {g['ratio_own_process_same_ort_over_generator']} of its generator")
+        for name, stats in g["pairs"].items():
+            print(f"  per round, {name.replace('_', ' ')}: {_pairs_words(stats)}")
     print(f"  load average before {load_before}, after {result['load_average_after']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
