@@ -37,6 +37,7 @@ from arkinfer.frontend.cache import cache_dir_path, content_key, locked
 from . import contrib, contrib_fused, contrib_qkv, kv_shared
 
 REWRITE_FILE = "rewrite.json"
+_ENTRY_FILES = ("model.onnx", "model.onnx.data", REWRITE_FILE)
 MAX_POSITIONS_KEY = "arkinfer.max_positions"  # metadata: rows of the rope caches GQA reads
 DEFAULT_MAX_POSITIONS = 8192  # for a graph without that key
 _MODULES = (contrib, contrib_fused, contrib_qkv, kv_shared)
@@ -118,8 +119,8 @@ def host_graph(path: Path, ops: str, accuracy_level: int, cache: bool = True) ->
         root.mkdir(parents=True, exist_ok=True)
         entry = root / cache_key(path, ops, accuracy_level)
         with locked(root, entry.name):
-            if not (entry / REWRITE_FILE).is_file():
-                _save(path, ops, accuracy_level, entry)
+            if not all((entry / name).is_file() for name in _ENTRY_FILES):
+                _save(path, ops, accuracy_level, entry)   # absent, or files deleted by hand
         info = json.loads((entry / REWRITE_FILE).read_text())
         return HostGraph(path=entry / "model.onnx", model_bytes=None, **info)
     except OSError as exc:
@@ -144,7 +145,7 @@ def _save(path: Path, ops: str, accuracy_level: int, entry: Path) -> None:
                         all_tensors_to_one_file=True, location="model.onnx.data",
                         size_threshold=1024)
         (tmp / REWRITE_FILE).write_text(json.dumps(info, indent=1) + "\n")
-        if entry.exists():      # a partial entry of an older layout: replaced whole
+        if entry.exists():      # an entry with files missing: replaced whole
             shutil.rmtree(entry)
         os.replace(tmp, entry)
     finally:

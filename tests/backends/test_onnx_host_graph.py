@@ -113,3 +113,11 @@ def test_unwritable_cache_runs_from_memory(artifact, tmp_path, monkeypatch):
     runner = OnnxRunner(artifact)
     assert runner.graph_file is None and runner.fused
     assert any("not cached" in n for n in runner.notes)
+
+
+def test_an_entry_missing_a_file_is_written_again(artifact, cache):
+    first = OnnxRunner(artifact)
+    (first.graph_file.parent / "model.onnx.data").unlink()
+    again = OnnxRunner(artifact)
+    assert again.graph_file == first.graph_file and again.graph_file.with_suffix(".onnx.data").is_file()
+    np.testing.assert_array_equal(_logits(again), _logits(OnnxRunner(artifact, cache=False)))
