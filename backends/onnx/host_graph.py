@@ -12,9 +12,9 @@ stale graph. An entry is written into a temporary folder and renamed into place 
 (a crash leaves no half-written entry); a cache that cannot be written (read-only, full) is
 reported in `notes` and the graph runs from memory as before.
 
-Why: the rewrite reads, edits and re-serialises the whole model in Python (3.1 s for SmolLM2-135M,
-of a 3.3 s load; 0.2 s from the saved file), and a session built from a file decoded ~3 % faster
-here than one built from the same graph's bytes in memory (alternated processes; BENCHMARKS.md).
+Why: the rewrite reads, edits and re-serialises the whole model in Python: SmolLM2-135M's runner
+starts in 5.1 s that way, in 0.5 s from the saved file, hashing the artifact included
+(`load_s` of benchmarks/onnx_vs_llamacpp.py).
 ARKINFER_ONNX_HOST_CACHE=0 (or `OnnxRunner(..., cache=False)`) rewrites in memory on every load;
 ARKINFER_ONNX_HOST_CACHE=<folder> keeps the entries there instead (the test suite uses a
 temporary one).
@@ -59,10 +59,6 @@ class HostGraph:
     def session_source(self) -> str | bytes:
         """What onnxruntime.InferenceSession takes: the saved file's path, or the bytes."""
         return str(self.path) if self.path is not None else self.model_bytes
-
-    def info(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("path", "model_bytes")}
 
 
 def rewrite(model: onnx.ModelProto, ops: str, accuracy_level: int) -> dict:
@@ -128,17 +124,20 @@ def host_graph(path: Path, ops: str, accuracy_level: int, cache: bool = True) ->
         return _in_memory(path, ops, accuracy_level, [why])
 
 
-def _in_memory(path: Path, ops: str, accuracy_level: int, notes: list[str]) -> HostGraph:
+def _rewritten(path: Path, ops: str, accuracy_level: int) -> tuple[onnx.ModelProto, dict]:
     model = onnx.load(str(path))
-    info = rewrite(model, ops, accuracy_level)
+    return model, rewrite(model, ops, accuracy_level)
+
+
+def _in_memory(path: Path, ops: str, accuracy_level: int, notes: list[str]) -> HostGraph:
+    model, info = _rewritten(path, ops, accuracy_level)
     info["notes"] = [*info["notes"], *notes]
     return HostGraph(path=None, model_bytes=model.SerializeToString(), **info)
 
 
 def _save(path: Path, ops: str, accuracy_level: int, entry: Path) -> None:
     """Rewrite and write the entry: into a temporary folder beside it, renamed when complete."""
-    model = onnx.load(str(path))
-    info = rewrite(model, ops, accuracy_level)
+    model, info = _rewritten(path, ops, accuracy_level)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     try:
         onnx.save_model(model, str(tmp / "model.onnx"), save_as_external_data=True,
