@@ -126,6 +126,26 @@ def _entry(rates: list[float], **extra) -> dict:
             "best_tokens_per_s": round(max(rates), 2), "runs": [round(r, 2) for r in rates]}
 
 
+def _load_seconds(runner_cls, art: Path, threads: int, level: int) -> dict[str, float]:
+    """Seconds to construct the runner: rewriting the graph in memory, writing the cached
+    graph (the first load of an artifact), and reading it (every later load; host_graph.py),
+    the cache in an empty folder of its own."""
+    out, before = {}, os.environ.get("ARKINFER_ONNX_HOST_CACHE")
+    with tempfile.TemporaryDirectory() as cache_dir:
+        os.environ["ARKINFER_ONNX_HOST_CACHE"] = cache_dir
+        try:
+            for name, cache in (("in_memory", False), ("first_cached", True), ("cached", True)):
+                t0 = time.perf_counter()
+                runner_cls(art, ops="contrib", threads=threads, accuracy_level=level, cache=cache)
+                out[name] = round(time.perf_counter() - t0, 2)
+        finally:
+            if before is None:
+                os.environ.pop("ARKINFER_ONNX_HOST_CACHE")
+            else:
+                os.environ["ARKINFER_ONNX_HOST_CACHE"] = before
+    return out
+
+
 def pair_ratios(a: list[float], b: list[float]) -> dict:
     """a[i] / b[i] over the rounds (both timed in round i, minutes apart at most): the median,
     mean and standard deviation of the per-round ratio. On a VM whose speed drifts between
@@ -146,6 +166,7 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         art = _artifact(work)
+        load_s = _load_seconds(OnnxRunner, art, threads, accuracy_level)
         onnx_runner = OnnxRunner(art, ops="contrib", threads=threads,
                                  accuracy_level=accuracy_level)
         text = (Path(__file__).parents[1] / "arkinfer/data/corpus_eval.txt").read_text()[:4000]
@@ -181,7 +202,7 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
                               accuracy_level=accuracy_level, fused=onnx_runner.fused,
                               packed_qkv=onnx_runner.packed_qkv,
                               shared_kv=onnx_runner.shared_kv is not None,
-                              version=ort_version()),
+                              version=ort_version(), load_s=load_s),
         "llama_cpp": _entry(rates["llama_cpp"],
                             model="Q4_0 (llama_model_quantize of the shipped Q4_1 GGUF)"),
         "ratio_onnx_over_llamacpp": round(onnx_tps / llama_tps, 3),
@@ -298,6 +319,7 @@ def main() -> None:
                   f"tok/s: {g['ratio_own_process_same_ort_over_generator']} of its generator")
         for name, stats in g["pairs"].items():
             print(f"  per round, {name.replace('_', ' ')}: {_pairs_words(stats)}")
+    print(f"  runner load seconds: {result['onnxruntime']['load_s']}")
     print(f"  load average before {load_before}, after {result['load_average_after']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
