@@ -209,14 +209,16 @@ def test_c_kernel_means_are_the_torch_bits(dtype, kernel, stride):
 @needs_native
 @pytest.mark.skipif(native is None or not native.use_avx512(),
                     reason="this CPU has no AVX-512F: only the AVX2 tiles run")
-@pytest.mark.parametrize("group,d,dtype", [(3, 64, torch.float32), (5, 128, torch.float32),
+@pytest.mark.parametrize("group,d,dtype", [(1, 128, torch.float32), (2, 64, torch.bfloat16),
+                                           (3, 64, torch.float32), (5, 128, torch.float32),
                                            (8, 64, torch.bfloat16), (12, 128, torch.float32),
                                            (16, 128, torch.float32), (16, 64, torch.float16),
                                            (20, 128, torch.float32), (32, 128, torch.bfloat16)])
 def test_avx512_tiles_give_the_avx2_bits(group, d, dtype):
     """The AVX-512 score and weighted-sum tiles (groups > 4 heads; weighted sums from 3) do each
-    lane's multiply-adds in the AVX2 tiles' order: same idx, same output bits, and both match
-    the reference."""
+    lane's multiply-adds in the AVX2 tiles' order, and the 16-lane exponential phases (coarse
+    means and log-sum-exp, group sum, chunk softmax; every group) add in the AVX2 loops' order:
+    same idx, same output bits, and both match the reference."""
     torch.set_num_threads(2)
     q, k, v = _case(group, 2, 1, d, 8192 + 33, dtype, seed=group)
     cfg = replace(SparseConfig(), dense_len=-1)

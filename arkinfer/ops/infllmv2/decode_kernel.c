@@ -5,8 +5,9 @@
  * ark_decode_args from the tensors; decode.py holds the same arithmetic in torch.
  *
  * The score tiles of groups above 4 query heads and the weighted-sum tiles of groups above 2 run
- * with AVX-512 where the CPU has it (decode_simd.h: the same bits as the AVX2 tiles). The kernels that newly completed keys
- * add to the compressed state are computed here too (ark_kernel_means).
+ * with AVX-512 where the CPU has it, and so do the exponential phases B, C and E's softmax for
+ * every group (decode_simd.h: the same bits as the AVX2 code). The kernels that newly completed
+ * keys add to the compressed state are computed here too (ark_kernel_means).
  *
  * Shapes: B batch, H KV heads, G query heads per KV head (any G >= 1), D head_dim (a multiple of
  * 16); "head" bh = b * H + h below, its query heads are h * G + g. Caches are fp32, bf16 or fp16
@@ -164,6 +165,10 @@ static void score_compressed(const ctx_t *c, int64_t task) {
 /* -- phase B: coarse log-sum-exp --------------------------------------------------------------- */
 static float logsumexp(const float *x, int64_t n) {
     if (n == 0) return -INFINITY;
+    if (use_zmm()) {
+        const float m = max_zmm(x, n), shift = isinf(m) ? 0.0f : m;
+        return logf(exp_sum_zmm(x, n, shift, 0)) + shift;
+    }
     __m256 vm = _mm256_set1_ps(-INFINITY);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(x + i), vm);
@@ -184,7 +189,8 @@ static void coarse_lse(const ctx_t *c, int64_t pair) {
     float *cl = c->clog + pair * n2;
     if (step) {
         const float *L = c->logits + pair * a->n1, inv = 1.0f / (float)f;
-        for (int64_t j = 0; j < n2; j++) {
+        const int64_t done = use_zmm() ? coarse_means_zmm(L, a->n1, f, step, inv, cl, n2) : 0;
+        for (int64_t j = done; j < n2; j++) {
             float sum = L[f * j];
             for (int64_t m = 1; m < f; m++) sum += L[f * j + m * step];
             cl[j] = sum * inv;
@@ -200,6 +206,10 @@ static void group_sum(const ctx_t *c, int64_t task, int64_t n_needed) {
     const int64_t hi = lo + CHUNK_KERNELS < n_needed ? lo + CHUNK_KERNELS : n_needed;
     const float *L = c->logits + bh * c->G * n1, *lse = c->lse + bh * c->G;
     float *s = c->s + bh * n1;
+    if (use_zmm()) {
+        group_exp_sum_zmm(L + lo, n1, lse, c->G, hi - lo, s + lo);
+        return;
+    }
     for (int64_t j = lo; j < hi; j += 8) {
         const int64_t n = hi - j < 8 ? hi - j : 8;
         __m256 acc = _mm256_setzero_ps();
@@ -346,6 +356,17 @@ static void attend_chunk(const ctx_t *c, int64_t task, float *scratch) {
     for (int64_t g = 0; g < c->GP; g++) {
         float *p = sc + g * CHUNK_ROWS;
         if (g >= G) { memset(p, 0, sizeof(float) * n); continue; }
+        if (use_zmm()) {
+            const float mx = max_zmm(p, n);
+            m[g] = mx;
+            if (mx == -INFINITY) {
+                memset(p, 0, sizeof(float) * n);
+                l[g] = 0.0f;
+            } else {
+                l[g] = exp_sum_zmm(p, n, mx, p);
+            }
+            continue;
+        }
         __m256 vm = _mm256_set1_ps(-INFINITY);
         int64_t t = 0;
         for (; t + 8 <= n; t += 8) vm = _mm256_max_ps(_mm256_loadu_ps(p + t), vm);

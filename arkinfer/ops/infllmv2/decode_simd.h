@@ -18,6 +18,7 @@
 #define ARK_DECODE_SIMD_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -300,6 +301,98 @@ ARK_ZMM static void pv_tile_zmm(const float *p, int64_t np, const float *v, int6
     }
     for (int h = 0; h < 4; h++)
         for (int w = 0; w < 4; w++) _mm512_storeu_ps(o + h * D + 16 * w, acc[h][w]);
+}
+
+/* -- AVX-512 variants of the exponential phases ------------------------------------------------
+ * exp512 is exp256 on 16 lanes (the same steps, so the same bits per lane). The loops below keep
+ * their AVX2 twins' order of additions: a sum over heads per lane, or an 8-lane running sum fed
+ * one block of 8 after the other (a block past the end adds zeros, which changes no bits), so
+ * they give the same results at twice the width. */
+ARK_ZMM static inline __m512 exp512(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-110.0f), x));
+    const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i n = _mm512_cvtps_epi32(fx);
+    const __m512i a = _mm512_srai_epi32(n, 1), b = _mm512_sub_epi32(n, a);
+    const __m512i bias = _mm512_set1_epi32(127);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(a, bias), 23)));
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(b, bias), 23)));
+}
+
+ARK_ZMM static inline __mmask16 lanes16(int64_t n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+}
+
+/* s[j] = sum over g < G of nan->0(exp(L[g * ld + j] - lse[g])), for j < n (phase C). */
+ARK_ZMM static void group_exp_sum_zmm(const float *L, int64_t ld, const float *lse, int64_t G,
+                                      int64_t n, float *s) {
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = lanes16(n - j);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t g = 0; g < G; g++) {
+            const __m512 x = _mm512_maskz_loadu_ps(m, L + g * ld + j);
+            const __m512 p = exp512(_mm512_sub_ps(x, _mm512_set1_ps(lse[g])));
+            acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(p, p, _CMP_ORD_Q), p));
+        }
+        _mm512_mask_storeu_ps(s + j, m, acc);
+    }
+}
+
+/* max of x[0..n) with NaN skipped (-inf when n == 0), as hmax256 over the AVX2 loop. */
+ARK_ZMM static float max_zmm(const float *x, int64_t n) {
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < n; t += 16)
+        vm = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes16(n - t), x + t),
+                           vm);
+    return _mm512_reduce_max_ps(vm);
+}
+
+/* Sum of exp(x[t] - shift) for t < n, added up as the AVX2 loops do (an 8-lane running sum, then
+ * hsum256); out (may be x, or NULL) receives the exponentials. */
+ARK_ZMM static float exp_sum_zmm(const float *x, int64_t n, float shift, float *out) {
+    const __m512 vs = _mm512_set1_ps(shift);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; t += 16) {
+        const __mmask16 m = lanes16(n - t);
+        const __m512 e = exp512(_mm512_sub_ps(
+            _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, x + t), vs));
+        if (out) _mm512_mask_storeu_ps(out + t, m, e);
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+        sum = _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    return hsum256(sum);
+}
+
+/* cl[j] = (((L[f j] + L[f j + step]) + L[f j + 2 step]) + ...) * inv, the scalar loop's order,
+ * 8 kernels at a time for f <= 4 (each term picked from 32 loaded floats by one permute), as
+ * long as the loads stay below n1. Returns how many j it wrote (the caller does the rest). */
+ARK_ZMM static int64_t coarse_means_zmm(const float *L, int64_t n1, int64_t f, int64_t step,
+                                        float inv, float *cl, int64_t n2) {
+    if (f < 1 || f > 4) return 0;
+    const __m512i pick = _mm512_mullo_epi32(_mm512_set1_epi32((int)f),
+                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 0, 0,
+                                                              0, 0, 0, 0, 0));
+    int64_t j = 0;
+    for (; j + 8 <= n2 && f * j + (f - 1) * step + 32 <= n1; j += 8) {
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t m = 0; m < f; m++) {
+            const float *base = L + f * j + m * step;
+            const __m512 term = _mm512_permutex2var_ps(_mm512_loadu_ps(base), pick,
+                                                       _mm512_loadu_ps(base + 16));
+            sum = m ? _mm512_add_ps(sum, term) : term;
+        }
+        _mm256_storeu_ps(cl + j, _mm512_castps512_ps256(_mm512_mul_ps(sum, _mm512_set1_ps(inv))));
+    }
+    return j;
 }
 
 /* 1 where the AVX-512 tiles run: the CPU has AVX-512F, unless ark_set_zmm(0) turned them off
