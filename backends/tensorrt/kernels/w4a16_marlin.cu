@@ -2,19 +2,26 @@
 //
 // x fp16 [m, k] row-major (1 <= m <= 16), B int32 [k/16, 2n] and s fp16 [groups, n] exactly as
 // quant/formats/marlin.py writes them (layout: marlin_layout.cuh), y fp16 [m, n]; fp32 accumulation.
-// Not Marlin's tensor-core algorithm: a bandwidth-bound CUDA-core kernel for decode-size batches.
 //
-// Grid: (n / 64 column chunks, k splits); a CTA of 16 warps per (chunk, split). A warp reads one
-// 16-row tile of its chunk with one 16-byte load per lane (the tile's 128 words = 512 contiguous
-// bytes), so lane l holds words 4l..4l+3: by marlin_layout.cuh the 4 tiles j of the chunk, columns
-// 16j + l/4 and 16j + l/4 + 8, k-rows {0, 1, 8, 9} + 2 (l % 4) of the tile. Warps take every 16th
-// tile of the split, several loads in flight each; lanes sharing l/4 are summed by shuffles, warps
-// in shared memory, splits (only when n is too narrow to fill the GPU) with fp32 atomics into a
-// stream-ordered workspace that is then rounded to fp16. Measured on an H200: see the README.
+// Tensor cores, as Marlin: Marlin's layout is made for mma.m16n8k16. Lane l of a warp loads the 4
+// words 4l..4l+3 of a 16-row tile of a 64-column chunk (the tile's 128 words are 512 contiguous
+// bytes: one 16-byte load per lane). Word j holds, for column 16j + l/4 (codes 0,1,4,5) and
+// 16j + l/4 + 8 (codes 2,3,6,7), k-rows 2(l%4), +1, +8, +9: exactly the B fragments of lane l for
+// the mma n-tiles 2j and 2j + 1 (n-tile nt = columns 8nt .. 8nt + 7 of the chunk). Each fragment is
+// made with two lop3 and one fp16 op per pair of codes ((code - 8) is exact in fp16), x is the A
+// fragment (rows >= m are zeros: one mma serves every m <= 16), products are exact and summed in
+// fp32 by the tensor core. Scales are applied in fp32: each group's sums are kept apart and
+// multiplied by the group's scales when the group ends (per channel: once, at the end).
+//
+// Grid: (n / 64 column chunks, k splits); a CTA of kWarps warps per (chunk, split); each warp a
+// contiguous run of the split's tiles, kAhead 16-byte loads in flight per lane. The warps' sums
+// meet in shared memory; splits (only when n is too narrow to fill the GPU) add with fp32 atomics
+// into a stream-ordered workspace that is then rounded to fp16. Measured: see the README.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "arkinfer_kernels.h"
 #include "marlin_layout.cuh"
@@ -22,128 +29,155 @@
 namespace {
 
 constexpr int kMaxM = 16;
+constexpr int kWarps = 8;   // warps per CTA (~110 registers per thread: two CTAs per SM)
+constexpr int kAhead = 4;   // k-tiles a warp loads before it uses them
 
-// Warps per CTA and k-tiles each warp loads ahead. Large m needs MT x 8 fp32 sums per thread
-// (128 registers at m = 16): fewer warps per CTA leave each thread up to 255 registers.
-template <int MT> __host__ __device__ constexpr int warps() { return MT >= 8 ? 4 : 16; }
-template <int MT> __host__ __device__ constexpr int unroll() { return MT >= 8 ? 2 : 4; }
-
-// (code at bit `shift`) - 8 as fp32 without I2F (a quarter-rate instruction that bounded the kernel):
-// 0x4B000000 | c is the float 2^23 + c exactly, and 2^23 + 8 is exact too.
-__device__ __forceinline__ float code_minus_8(uint32_t word, int shift) {
-  return __uint_as_float(0x4B000000u | ((word >> shift) & 15u)) - 8388616.f;
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t bits) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "r"(mask), "r"(bits));  // (a & m) | b
+  return r;
 }
 
-template <int MT>
-__global__ void __launch_bounds__(32 * warps<MT>())
+__device__ __forceinline__ half2 as_half2(uint32_t u) {
+  half2 h;
+  memcpy(&h, &u, 4);
+  return h;
+}
+
+__device__ __forceinline__ uint32_t as_u32(half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
+// B fragment of one n-tile from the codes at bits 0-3 / 16-19 (k-rows 2t, 2t + 1) and 4-7 / 20-23
+// (2t + 8, 2t + 9) of q: (code - 8) as fp16 pairs. 0x6400 | c is the half 1024 + c, 0x6400 | 16c
+// is 1024 + 16c; both are exact, and so is what is subtracted or fused (Marlin's constants).
+__device__ __forceinline__ void dequant(uint32_t q, uint32_t b[2]) {
+  const uint32_t lo = and_or(q, 0x000f000fu, 0x64006400u);
+  const uint32_t hi = and_or(q, 0x00f000f0u, 0x64006400u);
+  b[0] = as_u32(__hsub2(as_half2(lo), as_half2(0x64086408u)));                    // - 1032
+  b[1] = as_u32(__hfma2(as_half2(hi), as_half2(0x2c002c00u), as_half2(0xd480d480u)));  // / 16 - 72
+}
+
+// c[4] += A (16 x 16 fp16, row-major fragments) x B (16 x 8 fp16) on the tensor cores, fp32 sums.
+__device__ __forceinline__ void mma_16816(const uint32_t a[4], const uint32_t b[2], float c[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t load_x2(const half* p, bool valid) {
+  return valid ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
+}
+
+// acc += part * scale, per C-fragment element: lane (g, t) holds columns 8nt + 2t + e (e = 0, 1)
+// of rows g (part[nt][e]) and g + 8 (part[nt][2 + e]). Grouped scales sit, by SCALE_PERM, at
+// (2t + e) * 8 + nt of the chunk's run of 64: one 16-byte load per e.
+__device__ __forceinline__ void fold(float acc[8][4], float part[8][4], const half* s, int n,
+                                     int chunk, int group, bool grouped, int t) {
+  float sc[2][8];
+  if (grouped) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(
+          s + (long long)group * n + chunk * 64 + (2 * t + e) * 8));
+      const half2* h2 = reinterpret_cast<const half2*>(&raw);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float2 f = __half22float2(h2[c]);
+        sc[e][2 * c] = f.x;
+        sc[e][2 * c + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+        sc[e][nt] = __half2float(
+            s[arkinfer::marlin_scale_index(0, chunk * 64 + 8 * nt + 2 * t + e, n, false)]);
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      acc[nt][r] += part[nt][r] * sc[r & 1][nt];
+      part[nt][r] = 0.f;
+    }
+}
+
+__global__ void __launch_bounds__(32 * kWarps)
 marlin_gemm_kernel(const half* __restrict__ x, const int* __restrict__ B,
                    const half* __restrict__ s, float* __restrict__ out,
                    half* __restrict__ y, int m, int n, int k, int group_size,
                    int tiles_per_split) {
-  constexpr int U = unroll<MT>(), kWarps = warps<MT>(), kThreads = 32 * kWarps;
-  __shared__ float red[MT][64];
+  __shared__ float red[kMaxM][64];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;                   // fragment row and column pair
   const int chunk = blockIdx.x;
   const int tiles = k / 16;
   const int t0 = blockIdx.y * tiles_per_split;
   const int t1 = min(tiles, t0 + tiles_per_split);
   const bool grouped = group_size > 0 && group_size < k;
-  const int w0 = 4 * lane;                                 // first of the lane's 4 words
-  const int r0 = arkinfer::marlin_code_row(w0, 0);                 // rows r0, r0+1, r0+8, r0+9
-  // the lane's 8 columns, code pairs (0,1,4,5) -> col[2j], (2,3,6,7) -> col[2j + 1]
-  int col[8];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    col[2 * j] = chunk * 64 + arkinfer::marlin_code_col(w0 + j, 0);
-    col[2 * j + 1] = chunk * 64 + arkinfer::marlin_code_col(w0 + j, 2);
-  }
-  for (int i = threadIdx.x; i < MT * 64; i += kThreads) red[i / 64][i % 64] = 0.f;
+  const int tiles_per_group = grouped ? group_size / 16 : tiles;
+  for (int i = threadIdx.x; i < kMaxM * 64; i += blockDim.x) red[i / 64][i % 64] = 0.f;
 
-  float acc[MT][8];
+  float acc[8][4], part[8][4];
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int c = 0; c < 8; ++c) acc[i][c] = 0.f;
+    for (int r = 0; r < 4; ++r) acc[nt][r] = part[nt][r] = 0.f;
 
-  float sc[8];
-  int group = -1;
+  const bool row_a = g < m, row_b = g + 8 < m;            // A rows g and g + 8 exist
+  const half* xa = x + (long long)(row_a ? g : 0) * k + 2 * t;
+  const half* xb = x + (long long)(row_b ? g + 8 : 0) * k + 2 * t;
   const uint4* bp = reinterpret_cast<const uint4*>(B + (long long)chunk * 128) + lane;
   const long long row_vecs = 2LL * n / 4;                  // uint4 per B row
-  // each warp a contiguous run of tiles, so its scales change once per group, not every tile
   const int per_warp = (t1 - t0 + kWarps - 1) / kWarps;
   const int wt0 = t0 + warp * per_warp, wt1 = min(t1, wt0 + per_warp);
-  for (int tb = wt0; tb < wt1; tb += U) {
-    uint4 words[U];
+  int group = -1;                                          // the group `part` sums
+  for (int tb = wt0; tb < wt1; tb += kAhead) {
+    uint4 words[kAhead];
 #pragma unroll
-    for (int u = 0; u < U; ++u)                             // issue every load first
+    for (int u = 0; u < kAhead; ++u)                       // issue every load first
       words[u] = tb + u < wt1 ? __ldg(bp + (tb + u) * row_vecs) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int t = tb + u;
-      if (t >= wt1) break;
-      const int g = grouped ? (t * 16) / group_size : 0;
-      if (g != group) {
-        group = g;
-        if (grouped) {
-          // SCALE_PERM puts the lane's 8 columns (col[] order) in 8 consecutive halves
-          const uint4 raw = __ldg(reinterpret_cast<const uint4*>(
-              s + (long long)g * n + chunk * 64 + (lane / 4) * 8));
-          const half2* h2 = reinterpret_cast<const half2*>(&raw);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const float2 f = __half22float2(h2[c]);
-            sc[2 * c] = f.x;
-            sc[2 * c + 1] = f.y;
-          }
-        } else {
-#pragma unroll
-          for (int c = 0; c < 8; ++c)
-            sc[c] = __half2float(s[arkinfer::marlin_scale_index(0, col[c], n, false)]);
-        }
+    for (int u = 0; u < kAhead; ++u) {
+      const int tile = tb + u;
+      if (tile >= wt1) break;
+      const int gi = tile / tiles_per_group;
+      if (gi != group) {
+        if (group >= 0) fold(acc, part, s, n, chunk, group, grouped, t);
+        group = gi;
       }
+      const int k0 = tile * 16;
+      const uint32_t a[4] = {load_x2(xa + k0, row_a), load_x2(xb + k0, row_b),
+                             load_x2(xa + k0 + 8, row_a), load_x2(xb + k0 + 8, row_b)};
       const uint32_t wd[4] = {words[u].x, words[u].y, words[u].z, words[u].w};
-      const half* xr = x + t * 16;
 #pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        if (i < m) {
-          const half* xi = xr + (long long)i * k;
-          // rows r0, r0 + 1 and r0 + 8, r0 + 9 are adjacent pairs
-          const float2 xa = __half22float2(*reinterpret_cast<const half2*>(xi + r0));
-          const float2 xb = __half22float2(*reinterpret_cast<const half2*>(xi + r0 + 8));
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t wv = wd[j];
-            // code u sits at (row, col): 0 (r0, a) 1 (r0+8, a) 2 (r0, b) 3 (r0+8, b)
-            // 4 (r0+1, a) 5 (r0+9, a) 6 (r0+1, b) 7 (r0+9, b)
-            const float q0 = code_minus_8(wv, 0), q1 = code_minus_8(wv, 4);
-            const float q2 = code_minus_8(wv, 8), q3 = code_minus_8(wv, 12);
-            const float q4 = code_minus_8(wv, 16), q5 = code_minus_8(wv, 20);
-            const float q6 = code_minus_8(wv, 24), q7 = code_minus_8(wv, 28);
-            acc[i][2 * j] += sc[2 * j] * (q0 * xa.x + q1 * xb.x + q4 * xa.y + q5 * xb.y);
-            acc[i][2 * j + 1] += sc[2 * j + 1] * (q2 * xa.x + q3 * xb.x + q6 * xa.y + q7 * xb.y);
-          }
-        }
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b[2];
+        dequant(wd[j], b);                                 // codes 0,1,4,5: n-tile 2j
+        mma_16816(a, b, part[2 * j]);
+        dequant(wd[j] >> 8, b);                            // codes 2,3,6,7: n-tile 2j + 1
+        mma_16816(a, b, part[2 * j + 1]);
       }
     }
   }
-  // lanes 4a..4a+3 hold the same 8 columns for different k-rows
+  if (group >= 0) fold(acc, part, s, n, chunk, group, grouped, t);
+  __syncthreads();
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      acc[i][c] += __shfl_xor_sync(0xffffffffu, acc[i][c], 1);
-      acc[i][c] += __shfl_xor_sync(0xffffffffu, acc[i][c], 2);
+    for (int e = 0; e < 2; ++e) {
+      if (row_a) atomicAdd(&red[g][8 * nt + 2 * t + e], acc[nt][e]);
+      if (row_b) atomicAdd(&red[g + 8][8 * nt + 2 * t + e], acc[nt][2 + e]);
     }
   __syncthreads();
-  if (lane % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-      if (i < m)
-#pragma unroll
-        for (int c = 0; c < 8; ++c) atomicAdd(&red[i][col[c] - chunk * 64], acc[i][c]);
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < m * 64; i += kThreads) {
+  for (int i = threadIdx.x; i < m * 64; i += blockDim.x) {
     const long long o = (long long)(i / 64) * n + chunk * 64 + (i % 64);
     if (out != nullptr) {
       atomicAdd(out + o, red[i / 64][i % 64]);
@@ -182,20 +216,19 @@ void keep_pool_memory() {
 }
 
 // Splits of k over CTAs: one CTA per 64-column chunk fills the GPU once n / 64 >= the SM count
-// (n >= 8448 on an H200); narrower weights split k over about one CTA per SM, every warp of a
+// (n >= 8448 on an H100); narrower weights split k over about one CTA per SM, every warp of a
 // CTA still getting a tile or more. Splits > 1 sum in an fp32 workspace, then round to fp16.
-template <int MT>
 cudaError_t launch(const half* x, const int* B, const half* s, half* y, int m, int n, int k,
                    int group_size, cudaStream_t stream) {
   const int tiles = k / 16, chunks = n / 64;
   int splits = (sm_count() + chunks - 1) / chunks;
-  splits = max(1, min(splits, tiles / warps<MT>()));
+  splits = max(1, min(splits, tiles / kWarps));
   const int tiles_per_split = (tiles + splits - 1) / splits;
   splits = (tiles + tiles_per_split - 1) / tiles_per_split;
-  const dim3 grid(chunks, splits), block(32 * warps<MT>());
+  const dim3 grid(chunks, splits), block(32 * kWarps);
   if (splits == 1) {
-    marlin_gemm_kernel<MT><<<grid, block, 0, stream>>>(x, B, s, nullptr, y, m, n, k, group_size,
-                                                       tiles_per_split);
+    marlin_gemm_kernel<<<grid, block, 0, stream>>>(x, B, s, nullptr, y, m, n, k, group_size,
+                                                   tiles_per_split);
     return cudaGetLastError();
   }
   const long long count = (long long)m * n;
@@ -205,8 +238,8 @@ cudaError_t launch(const half* x, const int* B, const half* s, half* y, int m, i
   if (err != cudaSuccess) return err;
   err = cudaMemsetAsync(out, 0, count * sizeof(float), stream);
   if (err == cudaSuccess) {
-    marlin_gemm_kernel<MT><<<grid, block, 0, stream>>>(x, B, s, out, y, m, n, k, group_size,
-                                                       tiles_per_split);
+    marlin_gemm_kernel<<<grid, block, 0, stream>>>(x, B, s, out, y, m, n, k, group_size,
+                                                   tiles_per_split);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
@@ -228,11 +261,7 @@ extern "C" int arkinfer_marlin_gemm(const half* x, const int* B, const half* s, 
   if (group_size > 0 && group_size < k && (group_size % 16 != 0 || k % group_size != 0)) {
     return (int)cudaErrorInvalidValue;
   }
-  if (m <= 1) return (int)launch<1>(x, B, s, y, m, n, k, group_size, stream);
-  if (m <= 2) return (int)launch<2>(x, B, s, y, m, n, k, group_size, stream);
-  if (m <= 4) return (int)launch<4>(x, B, s, y, m, n, k, group_size, stream);
-  if (m <= 8) return (int)launch<8>(x, B, s, y, m, n, k, group_size, stream);
-  return (int)launch<16>(x, B, s, y, m, n, k, group_size, stream);
+  return (int)launch(x, B, s, y, m, n, k, group_size, stream);
 }
 
 extern "C" int arkinfer_marlin_dequant_host(const int* B, const uint16_t* s, float* w, int n, int k,
