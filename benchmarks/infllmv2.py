@@ -8,9 +8,11 @@ from a state with spare room, as a decode past its first steps has). Before ever
 KV the call reads leaves every cache level (`--flush kv`, the default: clflushopt over the K / V
 cache and the compressed keys), as in a model's decode loop, where 31 other layers' KV and the
 weights pass through between two steps of one layer while the interpreter, the kernel code and
-its workspace stay warm. `--flush llc` instead writes twice the last-level cache (`--flush-mib`)
+its workspace stay warm. `--flush llc` instead reads twice the last-level cache (`--flush-mib`)
 before each call, evicting everything, the interpreter included (a harsher condition: fixed
-per-call costs then read from DRAM too); `--flush none` keeps caches warm. Prefill = the whole
+per-call costs then read from DRAM too); it reads rather than writes, since dirty lines left by
+a write would be written back during the timed call (until session 12 it wrote: 3-25 % slower
+sparse steps). `--flush none` keeps caches warm. Prefill = the whole
 sequence in one call. Dense baseline: torch scaled_dot_product_attention on the same dtype.
 Sparse decode uses the C decode step (decode_kernel.c) when it builds; `--torch-only` measures
 the pure-torch fallback instead. Threads: torch's default unless --threads is given.
@@ -80,11 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="decode passes; the median pass is reported (default: %(default)s)")
     p.add_argument("--flush", choices=("kv", "llc", "none"), default="kv",
                    help="before every timed call: evict the KV it reads from every cache level "
-                        "(kv), write twice the last-level cache (llc), or nothing (none) "
+                        "(kv), read twice the last-level cache (llc), or nothing (none) "
                         "(default: %(default)s)")
     p.add_argument("--warm", action="store_true", help="same as --flush none")
     p.add_argument("--flush-mib", type=int, default=None,
-                   help="with --flush llc: MiB written before every timed call (default: twice "
+                   help="with --flush llc: MiB read before every timed call (default: twice "
                         "the last-level cache, at least 64)")
     p.add_argument("--torch-only", action="store_true",
                    help="sparse decode without the C kernels (the pure-torch fallback)")
@@ -174,7 +176,7 @@ def last_level_cache_bytes() -> int:
 
 
 def flush_mib(requested: int | None) -> int:
-    """MiB written before every timed call: twice the last-level cache, at least 64 MiB (a 64 MiB
+    """MiB read before every timed call: twice the last-level cache, at least 64 MiB (a 64 MiB
     flush left a 32K step's whole KV in the 480 MiB L3 of a Xeon VM: 0.85 ms per sparse step
     instead of 1.55 ms read from DRAM, and a dense 'fraction of copy bandwidth' above 100 %)."""
     if requested is not None:
@@ -220,13 +222,29 @@ class Flush:
             # projection right before attention does (else the step pays OpenMP's wake-up)
         elif self.mode == "llc":
             if _FLUSH.numel() != self.mib * 2**18:
-                _FLUSH = torch.empty(self.mib * 2**18)
-            _FLUSH.fill_(1.0)
+                _FLUSH = torch.ones(self.mib * 2**18)
+            _FLUSH.sum()   # a read: leaves clean lines, no write-back for the timed call to pay
+
+
+_SETTLE = torch.empty(0)
+
+
+def settle(flush: Flush) -> None:
+    """Before a pass (not timed): read twice the last-level cache, so lines the previous pass left
+    dirty (the dense bf16 SDPA writes hundreds of MiB of upcast temporaries) are written back now
+    rather than during the next pass's first timed steps. Nothing with --flush none."""
+    global _SETTLE
+    if flush.mode == "none":
+        return
+    mib = flush_mib(None)
+    if _SETTLE.numel() != mib * 2**18:
+        _SETTLE = torch.ones(mib * 2**18)
+    _SETTLE.sum()
 
 
 def flush_words(flush: Flush) -> str:
     return {"kv": "KV evicted before each call (clflushopt)",
-            "llc": f"flushed before each call ({flush.mib} MiB written)",
+            "llc": f"flushed before each call ({flush.mib} MiB read)",
             "none": "warm"}[flush.mode]
 
 
@@ -273,15 +291,24 @@ def time_decode(length: int, cfg: SparseConfig, dtype: torch.dtype, args, group:
     first = length - args.decode_steps
     state0 = compress_keys(k[:, :, :first], cfg)
     passes: dict[str, list[tuple[float, float]]] = {"dense": [], "sparse": []}
+    # Each pass runs the decode steps of one path after the other; passes alternate dense and
+    # sparse, so drift hits both alike. Steps of the two paths interleaved one by one made each
+    # sparse step pay for the write-back of the dense step's dirty temporaries (torch's bf16 SDPA
+    # upcasts the 128K cache: hundreds of MiB written, still in the LLC): group 2, bf16, 128K ran
+    # 1.31-1.42 ms per step that way against 1.02 ms after sparse steps (session 12). settle()
+    # writes back what a pass left dirty before the next one starts.
     for rep in range(args.repeats + 1):           # pass 0 warms up (allocator, kernels)
         state, sums = reserve_room(state0), {"dense": [0.0, 0.0], "sparse": [0.0, 0.0]}
+        settle(args.flush)
         for p in range(first, length):
-            kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
             args.flush((k, v))
             with Timer() as t:
-                dense_attention(q, kk, vv, scale, p)
+                dense_attention(q, k[:, :, :p + 1], v[:, :, :p + 1], scale, p)
             sums["dense"][0] += t.wall
             sums["dense"][1] += t.cpu
+        settle(args.flush)
+        for p in range(first, length):
+            kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
             args.flush((k, v, state.fine, state.coarse))
             with Timer() as t:
                 _, state, _ = infllmv2_attention(q, kk, vv, config=cfg, scale=scale,
