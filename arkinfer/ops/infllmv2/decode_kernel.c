@@ -288,7 +288,8 @@ static const float *run_rows(const ctx_t *c, const void *base, int64_t ld, int64
         *ld_out = ld;
         return (const float *)base + row * ld;
     }
-    widen_rows((const uint16_t *)base + row * ld, ld, n, c->D, (int)c->a->kv_dtype, buf);
+    if (use_zmm()) widen_rows_zmm((const uint16_t *)base + row * ld, ld, n, c->D, (int)c->a->kv_dtype, buf);
+    else widen_rows((const uint16_t *)base + row * ld, ld, n, c->D, (int)c->a->kv_dtype, buf);
     *ld_out = c->D;
     return buf;
 }

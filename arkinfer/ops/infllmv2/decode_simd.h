@@ -395,6 +395,25 @@ ARK_ZMM static int64_t coarse_means_zmm(const float *L, int64_t n1, int64_t f, i
     return j;
 }
 
+/* widen_rows 16 values at a time (D a multiple of 16): the same exact conversion, half the
+ * instructions, which bf16 / fp16 steps spend for every K and V row they read. */
+ARK_ZMM static void widen_rows_zmm(const uint16_t *src, int64_t ld, int64_t n, int64_t D, int dtype,
+                                   float *dst) {
+    for (int64_t t = 0; t < n; t++) {
+        const uint16_t *r = src + t * ld;
+        float *o = dst + t * D;
+        if (dtype == ARK_F16) {
+            for (int64_t j = 0; j < D; j += 16)
+                _mm512_storeu_ps(o + j, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j))));
+        } else {
+            for (int64_t j = 0; j < D; j += 16) {
+                const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r + j)));
+                _mm512_storeu_ps(o + j, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+            }
+        }
+    }
+}
+
 /* 1 where the AVX-512 tiles run: the CPU has AVX-512F, unless ark_set_zmm(0) turned them off
  * (tests compare both). */
 static int ark_zmm = -1;
