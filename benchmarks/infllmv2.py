@@ -11,8 +11,8 @@ weights pass through between two steps of one layer while the interpreter, the k
 its workspace stay warm. `--flush llc` instead reads twice the last-level cache (`--flush-mib`)
 before each call, evicting everything, the interpreter included (a harsher condition: fixed
 per-call costs then read from DRAM too); it reads rather than writes, since dirty lines left by
-a write would be written back during the timed call (until session 12 it wrote: 3-25 % slower
-sparse steps). `--flush none` keeps caches warm. Prefill = the whole
+a write would be written back during the timed call (until session 12 it wrote; with session
+12's code that made the sparse steps 5-33 % slower). `--flush none` keeps caches warm. Prefill = the whole
 sequence in one call. Dense baseline: torch scaled_dot_product_attention on the same dtype.
 Sparse decode uses the C decode step (decode_kernel.c) when it builds; `--torch-only` measures
 the pure-torch fallback instead. Threads: torch's default unless --threads is given.
@@ -184,7 +184,6 @@ def flush_mib(requested: int | None) -> int:
     return max(64, 2 * last_level_cache_bytes() // 2**20)
 
 
-_FLUSH = torch.empty(0)
 _WAKE = torch.zeros(2**18)    # 1 MiB: above torch's parallel grain
 
 
@@ -214,32 +213,33 @@ class Flush:
         self.mode, self.mib = mode, mib if mode == "llc" else 0
 
     def __call__(self, tensors: tuple[torch.Tensor, ...]) -> None:
-        global _FLUSH
         if self.mode == "kv":
             for t in tensors:     # the whole allocation behind each view
                 self.lib.ark_evict(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
             _WAKE.add_(1.0)   # parallel on torch's threads: wakes the pool, as a model's
             # projection right before attention does (else the step pays OpenMP's wake-up)
         elif self.mode == "llc":
-            if _FLUSH.numel() != self.mib * 2**18:
-                _FLUSH = torch.ones(self.mib * 2**18)
-            _FLUSH.sum()   # a read: leaves clean lines, no write-back for the timed call to pay
+            read_through(self.mib)
 
 
-_SETTLE = torch.empty(0)
+_READ_BUFFERS: dict[int, torch.Tensor] = {}
+
+
+def read_through(mib: int) -> None:
+    """Read `mib` MiB (a buffer kept per size): the caches end up holding its clean lines, so the
+    next timed call pays no write-back of dirty lines, unlike after a write."""
+    buf = _READ_BUFFERS.get(mib)
+    if buf is None:
+        buf = _READ_BUFFERS[mib] = torch.ones(mib * 2**18)
+    buf.sum()
 
 
 def settle(flush: Flush) -> None:
     """Before a pass (not timed): read twice the last-level cache, so lines the previous pass left
     dirty (the dense bf16 SDPA writes hundreds of MiB of upcast temporaries) are written back now
     rather than during the next pass's first timed steps. Nothing with --flush none."""
-    global _SETTLE
-    if flush.mode == "none":
-        return
-    mib = flush_mib(None)
-    if _SETTLE.numel() != mib * 2**18:
-        _SETTLE = torch.ones(mib * 2**18)
-    _SETTLE.sum()
+    if flush.mode != "none":
+        read_through(flush_mib(None))
 
 
 def flush_words(flush: Flush) -> str:
@@ -301,9 +301,10 @@ def time_decode(length: int, cfg: SparseConfig, dtype: torch.dtype, args, group:
         state, sums = reserve_room(state0), {"dense": [0.0, 0.0], "sparse": [0.0, 0.0]}
         settle(args.flush)
         for p in range(first, length):
+            kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
             args.flush((k, v))
             with Timer() as t:
-                dense_attention(q, k[:, :, :p + 1], v[:, :, :p + 1], scale, p)
+                dense_attention(q, kk, vv, scale, p)
             sums["dense"][0] += t.wall
             sums["dense"][1] += t.cpu
         settle(args.flush)
