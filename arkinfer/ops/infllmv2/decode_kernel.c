@@ -162,25 +162,43 @@ static void score_compressed(const ctx_t *c, int64_t task) {
     }
 }
 
-/* -- phase B: coarse log-sum-exp --------------------------------------------------------------- */
-static float logsumexp(const float *x, int64_t n) {
-    if (n == 0) return -INFINITY;
-    if (use_zmm()) {
-        const float m = max_zmm(x, n), shift = isinf(m) ? 0.0f : m;
-        return logf(exp_sum_zmm(x, n, shift, 0)) + shift;
-    }
+/* -- phases B and E: maximum and exponential sum of a row ------------------------------------ */
+/* max of x[0..n), NaN skipped (-inf when n == 0). */
+static float max_of(const float *x, int64_t n) {
+    if (use_zmm()) return max_zmm(x, n);
     __m256 vm = _mm256_set1_ps(-INFINITY);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(x + i), vm);
     float m = hmax256(vm);
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
-    /* A NaN was skipped by the max; it reaches the sum below, so the result is NaN as torch's. */
-    const float shift = isinf(m) ? 0.0f : m;    /* torch.logsumexp's guard */
+    return m;
+}
+
+/* Sum of exp(x[t] - shift) for t < n, as an 8-lane running sum then hsum256 (exp_sum_zmm adds in
+ * the same order); out (x itself, or NULL) receives the exponentials. */
+static float exp_sum(const float *x, int64_t n, float shift, float *out) {
+    if (use_zmm()) return exp_sum_zmm(x, n, shift, out);
     const __m256 vs = _mm256_set1_ps(shift);
-    __m256 acc = _mm256_setzero_ps();
-    for (i = 0; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs)));
-    if (i < n) acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(load_part(x + i, n - i, -INFINITY), vs)));
-    return logf(hsum256(acc)) + shift;
+    __m256 sum = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs));
+        if (out) _mm256_storeu_ps(out + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (i < n) {
+        const __m256 e = exp256(_mm256_sub_ps(load_part(x + i, n - i, -INFINITY), vs));
+        if (out) _mm256_maskstore_ps(out + i, lane_mask(n - i), e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    return hsum256(sum);
+}
+
+static float logsumexp(const float *x, int64_t n) {
+    if (n == 0) return -INFINITY;
+    /* A NaN was skipped by the max; it reaches the sum below, so the result is NaN as torch's. */
+    const float m = max_of(x, n), shift = isinf(m) ? 0.0f : m;    /* torch.logsumexp's guard */
+    return logf(exp_sum(x, n, shift, 0)) + shift;
 }
 
 static void coarse_lse(const ctx_t *c, int64_t pair) {
@@ -357,41 +375,14 @@ static void attend_chunk(const ctx_t *c, int64_t task, float *scratch) {
     for (int64_t g = 0; g < c->GP; g++) {
         float *p = sc + g * CHUNK_ROWS;
         if (g >= G) { memset(p, 0, sizeof(float) * n); continue; }
-        if (use_zmm()) {
-            const float mx = max_zmm(p, n);
-            m[g] = mx;
-            if (mx == -INFINITY) {
-                memset(p, 0, sizeof(float) * n);
-                l[g] = 0.0f;
-            } else {
-                l[g] = exp_sum_zmm(p, n, mx, p);
-            }
-            continue;
-        }
-        __m256 vm = _mm256_set1_ps(-INFINITY);
-        int64_t t = 0;
-        for (; t + 8 <= n; t += 8) vm = _mm256_max_ps(_mm256_loadu_ps(p + t), vm);
-        float mx = hmax256(vm);
-        for (; t < n; t++) mx = p[t] > mx ? p[t] : mx;
+        const float mx = max_of(p, n);
         m[g] = mx;
         if (mx == -INFINITY) {    /* every key of the chunk at -inf: it weighs nothing */
             memset(p, 0, sizeof(float) * n);
             l[g] = 0.0f;
             continue;
         }
-        const __m256 vs = _mm256_set1_ps(mx);
-        __m256 sum = _mm256_setzero_ps();
-        for (t = 0; t + 8 <= n; t += 8) {
-            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + t), vs));
-            _mm256_storeu_ps(p + t, e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        if (t < n) {
-            const __m256 e = exp256(_mm256_sub_ps(load_part(p + t, n - t, -INFINITY), vs));
-            _mm256_maskstore_ps(p + t, lane_mask(n - t), e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        l[g] = hsum256(sum);
+        l[g] = exp_sum(p, n, mx, p);
     }
     memset(acc, 0, sizeof(float) * c->GP * D);
     for (int64_t off = lo; off < hi; off += len) {
