@@ -222,15 +222,66 @@ def test_avx512_tiles_give_the_avx2_bits(group, d, dtype):
     torch.set_num_threads(2)
     q, k, v = _case(group, 2, 1, d, 8192 + 33, dtype, seed=group)
     cfg = replace(SparseConfig(), dense_len=-1)
+    amx = native.use_amx()
     try:
+        native.use_amx(False)            # bf16: the AVX tiles, not AMX (its own test below)
         native.use_avx512(False)
         assert not native.use_avx512()
         narrow = _check_against_reference(q, k, v, cfg)
+        native.use_avx512(True)
+        assert native.use_avx512()
+        wide = _check_against_reference(q, k, v, cfg)
     finally:
         native.use_avx512(True)
-    assert native.use_avx512()
-    wide = _check_against_reference(q, k, v, cfg)
+        native.use_amx(amx)
     assert torch.equal(wide[1], narrow[1]) and torch.equal(wide[0], narrow[0])
+
+
+def _within_one_bf16_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """|a - b| <= one bf16 step (2^-7 relative) of the larger magnitude, elementwise, or 1e-5
+    (outputs near zero are sums that cancel: fp32 rounding of O(1) terms, not a bf16 step)."""
+    a, b = a.float(), b.float()
+    return bool(((a - b).abs() <= 2.0 ** -7 * torch.maximum(a.abs(), b.abs()) + 1e-5).all())
+
+
+@needs_native
+@pytest.mark.skipif(native is None or not native.use_amx(),
+                    reason="this CPU (or its OS) gives no AMX-BF16: bf16 stage 2 runs AVX tiles")
+@pytest.mark.parametrize("group,hkv,batch,d,length,threads", [
+    (1, 2, 1, 128, 8192 + 33, 2), (3, 1, 2, 64, 8192 + 47, 1), (8, 2, 1, 128, 8192 + 1, 2),
+    (16, 2, 1, 128, 8192 + 77, 2), (16, 1, 1, 96, 8192 + 50, 3), (20, 1, 1, 64, 8192 + 15, 2),
+    (32, 2, 1, 128, 8192 + 64, 2)])
+def test_amx_stage2_matches_the_avx_path(group, hkv, batch, d, length, threads):
+    """bf16 stage 2 on AMX tiles (decode_amx.h): the same blocks as the AVX path (stage 1 does
+    not change), outputs within one bf16 step of it and within tolerance of the reference, for
+    groups below, at and above one 16-head tile, head_dim 64 / 96 / 128 and row runs whose last
+    tile is short (lengths not a multiple of 16)."""
+    torch.set_num_threads(threads)
+    q, k, v = _case(group, hkv, batch, d, length, torch.bfloat16, seed=group + length)
+    cfg = replace(SparseConfig(), dense_len=-1)
+    assert native.use_amx()
+    tiles = _check_against_reference(q, k, v, cfg)
+    try:
+        native.use_amx(False)
+        avx = _check_against_reference(q, k, v, cfg)
+    finally:
+        native.use_amx(True)
+    assert torch.equal(tiles[1], avx[1])
+    assert _within_one_bf16_ulp(tiles[0], avx[0])
+
+
+@needs_native
+@pytest.mark.skipif(native is None or not native.use_amx(),
+                    reason="this CPU (or its OS) gives no AMX-BF16: bf16 stage 2 runs AVX tiles")
+def test_amx_stage2_with_strided_queries_and_small_blocks():
+    """A transposed bf16 query buffer and a padded cache on AMX tiles, with the small test config
+    (16-row blocks: every run is one short tile)."""
+    torch.set_num_threads(2)
+    g = torch.Generator().manual_seed(8)
+    b, hq, hkv, d, length = 2, 8, 2, 64, 290
+    q = torch.randn(b, 1, hq, d, generator=g).transpose(1, 2).to(torch.bfloat16)
+    cache = torch.randn(2, b, hkv, length + 40, d, generator=g).to(torch.bfloat16)[:, :, :, :length]
+    _check_against_reference(q, cache[0], cache[1], SMALL)
 
 
 @needs_native

@@ -6,8 +6,10 @@
  *
  * The score tiles of groups above 4 query heads and the weighted-sum tiles of groups above 2 run
  * with AVX-512 where the CPU has it, and so do the exponential phases B, C and E's softmax for
- * every group (decode_simd.h: the same bits as the AVX2 code). The kernels that newly completed
- * keys add to the compressed state are computed here too (ark_kernel_means).
+ * every group (decode_simd.h: the same bits as the AVX2 code). With a bf16 cache and query on a
+ * CPU with AMX-BF16, stage 2 (phase E) runs on AMX tiles instead (decode_amx.h: not the same
+ * bits, within one bf16 step). The kernels that newly completed keys add to the compressed state
+ * are computed here too (ark_kernel_means).
  *
  * Shapes: B batch, H KV heads, G query heads per KV head (any G >= 1), D head_dim (a multiple of
  * 16); "head" bh = b * H + h below, its query heads are h * G + g. Caches are fp32, bf16 or fp16
@@ -33,6 +35,7 @@
 #include <math.h>
 
 #include "decode_simd.h"
+#include "decode_amx.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -67,6 +70,7 @@ typedef struct {
     const ark_decode_args *a;
     int64_t BH, G, Gp, GP, QH, D, budget, nfar, first, end, rows, chunks1, chunks2, tasks2, esz;
     int64_t scratch_floats, part_floats;
+    int amx;           /* stage 2 on AMX tiles (decode_amx.h): bf16 cache and query, D % 32 == 0 */
     float *qT1, *qT2, *logits, *clog, *lse, *s, *scratch, *part;
     int64_t next[4];   /* task counters of phases A, C, E, F (threads take tasks dynamically) */
 } ctx_t;
@@ -91,6 +95,7 @@ static int64_t layout(ctx_t *c, const ark_decode_args *a, float *work) {
     c->tasks2 = a->out ? cdiv(c->rows, CHUNK_ROWS) : 0;
     c->esz = a->kv_dtype == ARK_F32 ? 4 : 2;
     c->scratch_floats = a->out ? c->GP * CHUNK_ROWS + RUN_ROWS * c->D + c->GP * c->D : 0;
+    if (c->amx) c->scratch_floats = c->GP * CHUNK_ROWS + amx_scratch_floats(c->G, c->D);
     c->part_floats = 2 * c->G + c->G * c->D;
     const int same_q = a->q == a->q_sel && a->q_dtype == a->q_sel_dtype && a->q_sb == a->q_sel_sb
                        && a->q_sh == a->q_sel_sh;
@@ -144,7 +149,8 @@ static void score_compressed(const ctx_t *c, int64_t task) {
     const int64_t lo = chunk * CHUNK_KERNELS, len = n - lo < CHUNK_KERNELS ? n - lo : CHUNK_KERNELS;
     const float *qT = c->qT1 + bh * c->QH;
     /* The keys are contiguous, but the hardware prefetcher restarts at every 4 KiB page: rows
-     * requested SCAN_AHEAD ahead (into L1: 1-6 % better than L2) made the whole step 9-13 %
+     * requested SCAN_AHEAD ahead (into L2 now, see ark_pf; with KV in L3 L1 measured 1-6 %
+     * better, with KV evicted L2 is 3-6 % better for the whole step) made the whole step 9-13 %
      * faster with the cache in L3 (128K, one thread: group 2 1.59 -> 1.44 ms, group 16 4.08 ->
      * 3.55 ms), 5 % at 32K, ~1 % from DRAM. The tiles issue the requests a few at a time
      * (ark_pf): group 16 at 128K from DRAM 12 % faster than requesting a run's rows at once. */
@@ -341,6 +347,23 @@ static void list_stream(const ctx_t *c, const int64_t *far, const char *kb, cons
     }
 }
 
+/* Softmax numerators of a chunk's scores, in place: for each head g < G of sc [rows][CHUNK_ROWS]
+ * (n columns), m[g] = the max, p = exp(s - m), l[g] = sum p; rows G..rows hold zeros after. */
+static void chunk_softmax(float *sc, int64_t n, int64_t G, int64_t rows, float *m, float *l) {
+    for (int64_t g = 0; g < rows; g++) {
+        float *p = sc + g * CHUNK_ROWS;
+        if (g >= G) { memset(p, 0, sizeof(float) * n); continue; }
+        const float mx = max_of(p, n);
+        m[g] = mx;
+        if (mx == -INFINITY) {    /* every key of the chunk at -inf: it weighs nothing */
+            memset(p, 0, sizeof(float) * n);
+            l[g] = 0.0f;
+            continue;
+        }
+        l[g] = exp_sum(p, n, mx, p);
+    }
+}
+
 static void attend_chunk(const ctx_t *c, int64_t task, float *scratch) {
     const ark_decode_args *a = c->a;
     const int64_t bh = task / c->tasks2, b = bh / a->kv_heads, h = bh % a->kv_heads;
@@ -372,18 +395,7 @@ static void attend_chunk(const ctx_t *c, int64_t task, float *scratch) {
         ark_pf_rest(&q);
     }
     float *m = c->part + task * c->part_floats, *l = m + G, *out = l + G;
-    for (int64_t g = 0; g < c->GP; g++) {
-        float *p = sc + g * CHUNK_ROWS;
-        if (g >= G) { memset(p, 0, sizeof(float) * n); continue; }
-        const float mx = max_of(p, n);
-        m[g] = mx;
-        if (mx == -INFINITY) {    /* every key of the chunk at -inf: it weighs nothing */
-            memset(p, 0, sizeof(float) * n);
-            l[g] = 0.0f;
-            continue;
-        }
-        l[g] = exp_sum(p, n, mx, p);
-    }
+    chunk_softmax(sc, n, G, c->GP, m, l);
     memset(acc, 0, sizeof(float) * c->GP * D);
     for (int64_t off = lo; off < hi; off += len) {
         const int64_t row = locate(c, far, off, hi, &len), to = n + off - lo + len + PF_AHEAD;
@@ -393,6 +405,81 @@ static void attend_chunk(const ctx_t *c, int64_t task, float *scratch) {
         ark_pf_rest(&q);
     }
     memcpy(out, acc, sizeof(float) * G * D);
+}
+
+#if ARK_HAS_AMX
+/* attend_chunk on AMX tiles (decode_amx.h): the same rows, prefetch stream, chunk softmax and
+ * partial results; the scores and the weighted sum are bf16 tile products. */
+static void attend_chunk_amx(const ctx_t *c, int64_t task, float *scratch) {
+    const ark_decode_args *a = c->a;
+    const int64_t bh = task / c->tasks2, b = bh / a->kv_heads, h = bh % a->kv_heads;
+    const int64_t lo = (task % c->tasks2) * CHUNK_ROWS;
+    const int64_t hi = lo + CHUNK_ROWS < c->rows ? lo + CHUNK_ROWS : c->rows, n = hi - lo;
+    const int64_t G = c->G, D = c->D, Gt = G < 16 ? G : 16, tiles = (G + 15) / 16;
+    const int64_t *far = a->idx + bh * c->budget;
+    const char *kb = (const char *)a->k + (b * a->k_sb + h * a->k_sh) * 2;
+    const char *vb = (const char *)a->v + (b * a->v_sb + h * a->v_sh) * 2;
+    const float scale = (float)a->scale;
+    float *sc = scratch, *acc = sc + c->GP * CHUNK_ROWS, *sT = acc + tiles * 16 * D;
+    uint16_t *ktail = (uint16_t *)(sT + 256), *vB = ktail + 16 * D, *pH = vB + 32 * D;
+    uint16_t *pL = pH + 512, *qB = pL + 512;
+    amx_configure(Gt);
+    amx_pack_queries((const uint16_t *)a->q + b * a->q_sb + h * G * a->q_sh, a->q_sh, G, Gt, D,
+                     qB);
+    const char *lines[PF_LINES];
+    ark_pf q = {lines, 0, 0};
+    int64_t len, pf = PF_AHEAD;
+    list_stream(c, far, kb, vb, lo, hi, 0, PF_AHEAD, &q);
+    ark_pf_rest(&q);
+    for (int64_t off = lo; off < hi; off += len) {
+        const int64_t row = locate(c, far, off, hi, &len), to = off - lo + len + PF_AHEAD;
+        if (pf < to) list_stream(c, far, kb, vb, lo, hi, pf, to, &q), pf = to;
+        for (int64_t r0 = 0; r0 < len; r0 += ARK_AMX_ROWS) {
+            const int64_t m = len - r0 < ARK_AMX_ROWS ? len - r0 : ARK_AMX_ROWS;
+            const uint16_t *k = (const uint16_t *)kb + (row + r0) * a->k_sr;
+            int64_t ld = a->k_sr;
+            if (m < ARK_AMX_ROWS) {    /* a short tail: zero-padded to a whole tile */
+                memset(ktail, 0, sizeof(uint16_t) * 16 * D);
+                for (int64_t r = 0; r < m; r++) memcpy(ktail + r * D, k + r * ld, 2 * D);
+                k = ktail, ld = D;
+            }
+            for (int64_t qt = 0; qt < tiles; qt++) {
+                amx_scores16(k, ld, qB + qt * D * Gt, Gt, D, sT);
+                const int64_t heads = G - qt * 16 < 16 ? G - qt * 16 : 16;
+                amx_store_scores(sT, scale, heads, m, sc + qt * 16 * CHUNK_ROWS + off - lo + r0,
+                                 CHUNK_ROWS, &q);
+            }
+        }
+        ark_pf_rest(&q);
+    }
+    float *mx = c->part + task * c->part_floats, *l = mx + G, *out = l + G;
+    chunk_softmax(sc, n, G, G, mx, l);
+    memset(acc, 0, sizeof(float) * tiles * 16 * D);
+    for (int64_t off = lo; off < hi; off += len) {
+        const int64_t row = locate(c, far, off, hi, &len), to = n + off - lo + len + PF_AHEAD;
+        if (pf < to) list_stream(c, far, kb, vb, lo, hi, pf, to, &q), pf = to;
+        amx_pack_rows((const uint16_t *)vb + row * a->v_sr, a->v_sr, len, D, vB, &q);
+        for (int64_t qt = 0; qt < tiles; qt++) {
+            const int64_t heads = G - qt * 16 < 16 ? G - qt * 16 : 16;
+            amx_split_weights(sc + qt * 16 * CHUNK_ROWS + off - lo, CHUNK_ROWS, heads, Gt, len,
+                              pH, pL, &q);
+            amx_weighted_sum(pH, pL, vB, D, acc + qt * 16 * D, &q);
+        }
+        ark_pf_rest(&q);
+    }
+    amx_release();
+    memcpy(out, acc, sizeof(float) * G * D);
+}
+#endif
+
+static void attend(const ctx_t *c, int64_t task, float *scratch) {
+#if ARK_HAS_AMX
+    if (c->amx) {
+        attend_chunk_amx(c, task, scratch);
+        return;
+    }
+#endif
+    attend_chunk(c, task, scratch);
 }
 
 /* -- phase F: merge the chunks of one (bh, g) -------------------------------------------------- */
@@ -412,12 +499,14 @@ static void combine(const ctx_t *c, int64_t pair) {
     }
     const int64_t b = bh / a->kv_heads, head = (bh % a->kv_heads) * G + g;
     const int64_t o = (b * a->kv_heads * G + head) * D;
-    for (int64_t j = 0; j < D; j++) {
-        float sum = 0.0f;
-        for (int64_t t = 0; t < c->tasks2; t++)
-            if (w[t] != 0.0f) sum += w[t] * part[t * c->part_floats + 2 * G + g * D + j];
-        ark_from_f32(a->out, o + j, (int)a->out_dtype, sum / total);
+    float sum[MAX_ROW_LINES * 16];   /* D <= 512: per column, the chunks added in order */
+    memset(sum, 0, sizeof(float) * D);
+    for (int64_t t = 0; t < c->tasks2; t++) {
+        if (w[t] == 0.0f) continue;
+        const float *acc = part + t * c->part_floats + 2 * G + g * D;
+        for (int64_t j = 0; j < D; j++) sum[j] += w[t] * acc[j];
     }
+    for (int64_t j = 0; j < D; j++) ark_from_f32(a->out, o + j, (int)a->out_dtype, sum[j] / total);
 }
 
 /* -- the step --------------------------------------------------------------------------------- */
@@ -440,7 +529,7 @@ static void run_head(ctx_t *c, int64_t bh, float *scratch, int64_t n_needed) {
     for (int64_t t = 0; t < c->chunks1; t++) group_sum(c, bh * c->chunks1 + t, n_needed);
     select_row(c, bh, n_needed);
     if (!a->out) return;
-    for (int64_t t = 0; t < c->tasks2; t++) attend_chunk(c, bh * c->tasks2 + t, scratch);
+    for (int64_t t = 0; t < c->tasks2; t++) attend(c, bh * c->tasks2 + t, scratch);
     for (int64_t g = 0; g < c->G; g++) combine(c, bh * c->G + g);
 }
 
@@ -472,7 +561,7 @@ static void run_phases(ctx_t *c, int tid, int nt) {
     for (int64_t i = tid; i < c->BH; i += nt) select_row(c, i, n_needed);
     if (!a->out) return;
     BARRIER
-    for (int64_t t; (t = take(&c->next[2])) < c->BH * c->tasks2;) attend_chunk(c, t, scratch);
+    for (int64_t t; (t = take(&c->next[2])) < c->BH * c->tasks2;) attend(c, t, scratch);
     BARRIER
     for (int64_t t; (t = take(&c->next[3])) < c->BH * c->G;) combine(c, t);
 }
@@ -488,6 +577,8 @@ int64_t ark_decode(const ark_decode_args *a) {
         return -2;
     ctx_t c;
     memset(&c, 0, sizeof c);
+    c.amx = a->out && a->kv_dtype == ARK_BF16 && a->q_dtype == ARK_BF16 && a->head_dim % 32 == 0
+            && use_amx();
     const int64_t need = layout(&c, a, 0);
     if (c.first < a->topk || a->topk - a->init_blocks - 1 < 0 || c.first > BLOCK_MASK
         || (a->coarse_step && a->n2 && a->coarse_factor * (a->n2 - 1) + (a->coarse_factor - 1)
@@ -550,6 +641,18 @@ int64_t ark_set_zmm(int64_t on) {
         ark_zmm = on && use_zmm();
     }
     return use_zmm();
+}
+
+/* The AMX tiles of stage 2 (bf16 cache and query): on = 1 (where the CPU and the OS allow them)
+ * or 0, -1 just asks; returns whether they run now. */
+int64_t ark_set_amx(int64_t on) {
+#if ARK_HAS_AMX
+    if (on >= 0) {
+        ark_amx = -1;
+        ark_amx = on && use_amx();
+    }
+#endif
+    return use_amx();
 }
 
 /* 1 when built with OpenMP (threads > 1 take effect), else 0. */

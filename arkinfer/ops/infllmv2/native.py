@@ -30,7 +30,7 @@ from arkinfer.ops.infllmv2.config import COARSE_FACTOR, SparseConfig
 
 __all__ = ["DecodePlan", "NativeKernels", "kernels", "torch_only"]
 
-_SOURCES = [Path(__file__).with_name(n) for n in ("decode_kernel.c", "decode_simd.h")]
+_SOURCES = [Path(__file__).with_name(n) for n in ("decode_kernel.c", "decode_simd.h", "decode_amx.h")]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}   # enum of decode_simd.h
 _D_MULTIPLE = 16         # head_dim must be a multiple of this
 _loaded: list[NativeKernels | None] = []
@@ -83,6 +83,10 @@ class NativeKernels:
         self.threaded = bool(lib.ark_decode_threaded())   # built with OpenMP
         self._set_zmm = lib.ark_set_zmm
         self._set_zmm.argtypes, self._set_zmm.restype = [_I64], _I64
+        self._set_amx = lib.ark_set_amx
+        self._set_amx.argtypes, self._set_amx.restype = [_I64], _I64
+        if os.environ.get("ARKINFER_AMX", "1") == "0":   # the AVX path's bits for bf16 too
+            self.use_amx(False)
         self._means = lib.ark_kernel_means
         self._means.argtypes = [ctypes.POINTER(MeansArgs)]
         self._means.restype = _I64
@@ -91,6 +95,13 @@ class NativeKernels:
         """Whether the AVX-512 tiles (groups of more than 4 heads) run; `on` switches them (True
         only takes effect on a CPU with AVX-512F). Same bits either way."""
         return bool(self._set_zmm(-1 if on is None else int(on)))
+
+    def use_amx(self, on: bool | None = None) -> bool:
+        """Whether stage 2 of a bf16 step (bf16 cache and query, head_dim a multiple of 32) runs
+        on AMX tiles; `on` switches them (True only takes effect on a CPU with AMX-BF16 whose OS
+        grants the tile state). Not the same bits as the AVX path: the scores sum in another
+        order and the weights enter as two bf16 parts (docs/infllmv2.md §10)."""
+        return bool(self._set_amx(-1 if on is None else int(on)))
 
     def kernel_means_into(self, k: Tensor, kernel: int, stride: int, first: int,
                           out: Tensor) -> bool:
