@@ -311,3 +311,51 @@ def test_decode_plan_is_rebuilt_when_the_cache_moves():
         assert torch.equal(idx, want_idx) and torch.equal(out, want)
     # the first; two per one-step move (305, 315, 325, 335: to the copy and back); threads (330)
     assert len(plans) == 10
+
+
+@needs_native
+def test_planned_step_gives_the_general_paths_results(monkeypatch):
+    """infllmv2_attention's planned step (`DecodePlan.step`: a few comparisons, then the one C
+    call) returns what the general path returns, bit for bit, state included; a step that is not
+    as planned (a kernel to emit, a moved cache, other threads, an older state) goes the general
+    way. The same steps run twice: as shipped, and with the planned step switched off."""
+    from arkinfer.ops.infllmv2 import native as native_module
+    from arkinfer.ops.infllmv2 import reserve_room
+    q, k, v = _case(8, 2, 1, 64, 340, torch.bfloat16, seed=11)
+    scale = 64 ** -0.5
+    planned = native_module.DecodePlan.step
+    taken = {"planned": 0, "general": 0}
+
+    def counting(self, *args):
+        result = planned(self, *args)
+        taken["planned" if result is not None else "general"] += 1
+        return result
+
+    def run_steps() -> list:
+        torch.set_num_threads(2)
+        state = reserve_room(compress_keys(k[:, :, :300], SMALL))
+        saved, results = None, []
+        for p in range(300, 340):
+            kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
+            if p % 10 == 5:                     # the cache moves
+                kk, vv = kk.clone(), vv.clone()
+            if p == 310:
+                saved = state
+            if p == 320:                        # a rewind: decode again from an older state
+                state = saved
+            if p == 330:
+                torch.set_num_threads(1)
+            cfg = replace(SMALL) if p >= 335 else SMALL   # equal, not the same object
+            out, state, idx = infllmv2_attention(q, kk, vv, config=cfg, scale=scale,
+                                                 cache_len=p, state=state)
+            results.append((out, idx, state.fine.clone(), state.coarse.clone(), state.length))
+        return results
+
+    monkeypatch.setattr(native_module.DecodePlan, "step", counting)
+    fast = run_steps()
+    assert taken["planned"] > 10 and taken["general"] > 5
+    monkeypatch.setattr(native_module.DecodePlan, "step", lambda self, *args: None)
+    general = run_steps()
+    for (o1, i1, f1, c1, n1), (o2, i2, f2, c2, n2) in zip(fast, general, strict=True):
+        assert torch.equal(o1, o2) and torch.equal(i1, i2)
+        assert torch.equal(f1, f2) and torch.equal(c1, c2) and n1 == n2

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from arkinfer.native_build import NativeBuildError, load_library
-from arkinfer.ops.infllmv2.common import CompressedKeys
+from arkinfer.ops.infllmv2.common import CompressedKeys, n_kernels
 from arkinfer.ops.infllmv2.config import COARSE_FACTOR, SparseConfig
 
 __all__ = ["DecodePlan", "NativeKernels", "kernels", "torch_only"]
@@ -196,6 +196,46 @@ class DecodePlan:
         self.same_q = q_sel is q
         self.idx_shape = (q.shape[0], k.shape[1], 1, config.budget)
         self.args: DecodeArgs | None = None
+        # what `step` compares (a subset of `key` that a decode loop can change, plus the rest)
+        self.config, self.scale, self.threads = config, scale, torch.get_num_threads()
+        self.q_layout = (q.shape, q.stride(), q.dtype)
+        self.kv_layout = (k.data_ptr(), k.stride(), v.data_ptr(), v.stride(), k.dtype, v.dtype)
+        self.kv_rows = (k.shape[0], k.shape[1], k.shape[3])
+        self.keys_layout = _keys_layout(keys)
+        self.kernels = ((config.kernel_size, config.kernel_stride),
+                        (config.coarse_kernel_size, config.coarse_kernel_stride))
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor, state: CompressedKeys, config: SparseConfig,
+             scale: float, cache_len: int) -> tuple[Tensor, CompressedKeys, Tensor] | None:
+        """`infllmv2_attention`'s decode step for the layer this plan belongs to (state.room's
+        plan, q_sel None), when the step can run as built: (out, keys, idx) as that function
+        returns them, or None, and the caller takes the general path (every argument checked,
+        readable errors). It holds when nothing changed but q's data and the cache length: the
+        same config, scale, threads, q layout and cache buffers, k / v holding cache_len + 1
+        rows, a sparse step, and a state no longer than the cache that needs no new kernel (15
+        steps in 16; the 16th computes one through `update_compressed`). A handful of
+        comparisons, then the one C call: the general path's checks cost ~40 µs per layer and
+        step with the caches cold (BENCHMARKS.md)."""
+        total = cache_len + 1
+        if (not self.same_q or (config is not self.config and config != self.config)
+                or scale != self.scale or state.length > total
+                or cache_len // config.block_size + 1 <= config.budget   # decode_is_sparse
+                or config.is_dense(total)
+                or (q.shape, q.stride(), q.dtype) != self.q_layout
+                or (k.data_ptr(), k.stride(), v.data_ptr(), v.stride(), k.dtype, v.dtype)
+                != self.kv_layout
+                or k.shape != (*self.kv_rows[:2], total, self.kv_rows[2]) or v.shape != k.shape
+                or torch.get_num_threads() != self.threads):
+            return None
+        (fk, fs), (ck, cs) = self.kernels
+        if (_keys_layout(state) != self.keys_layout
+                or state.fine.shape[2] != n_kernels(total, fk, fs)
+                or state.coarse.shape[2] != n_kernels(total, ck, cs)):
+            return None
+        keys = state if state.length == total else CompressedKeys(state.fine, state.coarse, total,
+                                                                  state.room)
+        out, idx = self.run(q, q, keys, k, v, config, scale, cache_len)
+        return out, keys, idx
 
     def fits(self, q_sel: Tensor, q: Tensor, keys: CompressedKeys, k: Tensor, v: Tensor,
              config: SparseConfig, scale: float) -> bool:
@@ -218,13 +258,18 @@ class DecodePlan:
         return out, idx
 
 
+def _keys_layout(keys: CompressedKeys) -> tuple:
+    """Where the compressed keys live (a state's are leading views of its room's buffers)."""
+    return (keys.fine.data_ptr(), keys.fine.stride(), keys.coarse.data_ptr(),
+            keys.coarse.stride())
+
+
 def _plan_key(q_sel: Tensor, q: Tensor, keys: CompressedKeys, k: Tensor, v: Tensor,
               config: SparseConfig, scale: float) -> tuple:
     """What a DecodePlan's fixed arguments depend on (not: q's data, the cache length)."""
     return (q_sel.shape, q_sel.stride(), q_sel.dtype, q_sel is q, q.shape, q.stride(), q.dtype,
             k.data_ptr(), k.stride(), k.dtype, v.data_ptr(), v.stride(), v.dtype,
-            keys.fine.data_ptr(), keys.fine.stride(), keys.coarse.data_ptr(),
-            keys.coarse.stride(), config, scale, torch.get_num_threads())
+            _keys_layout(keys), config, scale, torch.get_num_threads())
 
 
 def kernels() -> NativeKernels | None:
