@@ -29,6 +29,7 @@
 #if defined(__x86_64__) && defined(__linux__) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
 #define ARK_HAS_AMX 1
+#include <cpuid.h>
 #include <sys/syscall.h>
 long syscall(long number, ...);   /* unistd.h declares it only outside strict C99 */
 #else
@@ -56,9 +57,14 @@ static int ark_amx = -1;
  * process the tile state (Linux >= 5.16, arch_prctl). Checked once; call before threads start. */
 static int use_amx(void) {
     if (ark_amx < 0) {
+        /* CPUID leaf 7: subleaf 0 EDX bit 22 AMX-BF16, bit 24 AMX-TILE; subleaf 1 EAX bit 5
+         * AVX512-BF16 (read directly: not every compiler's __builtin_cpu_supports knows them) */
+        unsigned a0, b0, c0, d0, a1, b1, c1, d1;
+        const int cpu = __get_cpuid_count(7, 0, &a0, &b0, &c0, &d0)
+                        && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)
+                        && (d0 >> 22 & 1) && (d0 >> 24 & 1) && (a1 >> 5 & 1);
         __builtin_cpu_init();
-        ark_amx = __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile")
-                  && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")
+        ark_amx = cpu && __builtin_cpu_supports("avx512bw")
                   && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
     }
     return ark_amx;
