@@ -196,7 +196,7 @@ class DecodePlan:
         self.same_q = q_sel is q
         self.idx_shape = (q.shape[0], k.shape[1], 1, config.budget)
         self.args: DecodeArgs | None = None
-        # what `step` compares (a subset of `key` that a decode loop can change, plus the rest)
+        # what `step` compares: `key`'s fields, kept apart so a step checks them in a few compares
         self.config, self.scale, self.threads = config, scale, torch.get_num_threads()
         self.q_layout = (q.shape, q.stride(), q.dtype)
         self.kv_layout = (k.data_ptr(), k.stride(), v.data_ptr(), v.stride(), k.dtype, v.dtype)
@@ -214,8 +214,7 @@ class DecodePlan:
         same config, scale, threads, q layout and cache buffers, k / v holding cache_len + 1
         rows, a sparse step, and a state no longer than the cache that needs no new kernel (15
         steps in 16; the 16th computes one through `update_compressed`). A handful of
-        comparisons, then the one C call: the general path's checks cost ~40 µs per layer and
-        step with the caches cold (BENCHMARKS.md)."""
+        comparisons, then the one C call (docs/infllmv2.md §10 gives the time it saves)."""
         total = cache_len + 1
         if (not self.same_q or (config is not self.config and config != self.config)
                 or scale != self.scale or state.length > total
