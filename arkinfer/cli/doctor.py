@@ -105,10 +105,13 @@ def run(remeasure: bool, json_out: bool) -> None:
     if cached is None and not json_out:
         console.print("measuring this machine (copy bandwidth, matmul rate) ...", markup=False)
     record = host_measurement(measure_if_missing=True, remeasure=remeasure)
+    from arkinfer.ops.infllmv2.native import describe
+
     info = {"arkinfer": __version__, "python": platform.python_version(),
             "platform": platform.platform(), "backends": backends(),
             "packages": package_versions(),
-            "host": {**record, "cache": str(cache_path()), "from_cache": cached is not None}}
+            "host": {**record, "cache": str(cache_path()), "from_cache": cached is not None},
+            "infllmv2_decode": describe()}
     if json_out:
         print_json(info)
         return
@@ -128,4 +131,16 @@ def run(remeasure: bool, json_out: bool) -> None:
         ("fp32 matmul", f"{h['matmul_fp32_flop_s'] / 1e9:.3g} GFLOP/s ({h['method']['matmul']})"),
         ("measured", (f"{h['date']} ({'cached' if h['from_cache'] else 'now'}: {h['cache']}; "
                      "--remeasure to redo)")),
+        ("InfLLM v2 decode", _decode_words(info["infllmv2_decode"])),
     ])
+
+
+def _decode_words(d: dict[str, Any]) -> str:
+    """One line for `describe()`'s record."""
+    if d["path"] != "C kernel":
+        return f"pure torch ({d['why']})"
+    parts = ["C kernel", "torch's OpenMP threads" if d["openmp"] else "one thread",
+             "AVX-512 tiles" if d["avx512"] else "AVX2 tiles"]
+    if d["amx_bf16"]:
+        parts.append("AMX tiles for bf16 caches (ARKINFER_AMX=0: off)")
+    return ", ".join(parts)

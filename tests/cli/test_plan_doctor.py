@@ -95,6 +95,9 @@ def test_doctor_measures_once_then_host_plans(app, host_cache):
     assert host["matmul_fp32_flop_s"] > 1e8 and host["memory_bytes"] > 2**28
     assert {b["name"] for b in data["backends"]} >= {"reference", "gguf"}
     assert data["packages"]["torch"]
+    decode = data["infllmv2_decode"]     # what a sparse decode step runs on here
+    from arkinfer.ops.infllmv2.native import kernels
+    assert decode["path"] == ("C kernel" if kernels() is not None else "torch")
     code, out, _ = invoke(app, "doctor", "--json")
     assert json.loads(out)["host"]["from_cache"] is True
     assert json.loads(out)["host"]["date"] == host["date"]

@@ -28,7 +28,7 @@ from arkinfer.native_build import NativeBuildError, load_library
 from arkinfer.ops.infllmv2.common import CompressedKeys, n_kernels
 from arkinfer.ops.infllmv2.config import COARSE_FACTOR, SparseConfig
 
-__all__ = ["DecodePlan", "NativeKernels", "kernels", "torch_only"]
+__all__ = ["DecodePlan", "NativeKernels", "describe", "kernels", "torch_only"]
 
 _SOURCES = [Path(__file__).with_name(n) for n in ("decode_kernel.c", "decode_simd.h", "decode_amx.h")]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}   # enum of decode_simd.h
@@ -279,6 +279,19 @@ def kernels() -> NativeKernels | None:
     if not _loaded:
         _loaded.append(_build_and_load())
     return _loaded[0]
+
+
+def describe() -> dict[str, object]:
+    """What a sparse decode step runs on in this process (`arkinfer doctor` prints it): the C
+    kernel, with its threads and tiles, or the pure-torch path and why."""
+    if os.environ.get("ARKINFER_NATIVE", "1") == "0":
+        return {"path": "torch", "why": "ARKINFER_NATIVE=0"}
+    native = kernels()
+    if native is None:
+        return {"path": "torch", "why": "the C kernel did not build here or this CPU lacks "
+                                        "AVX2 / FMA (a RuntimeWarning says which)"}
+    return {"path": "C kernel", "openmp": native.threaded, "avx512": native.use_avx512(),
+            "amx_bf16": native.use_amx()}
 
 
 @contextmanager
