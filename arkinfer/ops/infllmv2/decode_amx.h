@@ -125,7 +125,7 @@ ARK_AMX static void amx_scores16(const uint16_t *k, int64_t ld, const uint16_t *
  * transposed, one head's 16 rows per gather. */
 ARK_AMX static void amx_store_scores(const float *sT, float scale, int64_t heads, int64_t m,
                                      float *s, int64_t ns, ark_pf *pf) {
-    const __mmask16 rows = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1u);
+    const __mmask16 rows = lanes16(m);
     const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
                                                                 10, 11, 12, 13, 14, 15),
                                               _mm512_set1_epi32(16));
@@ -171,8 +171,7 @@ ARK_AMX static inline __m512 amx_widen16(__m512i h, int hi) {
  * rows >= heads and columns >= n are zeros. */
 ARK_AMX static void amx_split_weights(const float *p, int64_t np, int64_t heads, int64_t Gt,
                                       int64_t n, uint16_t *pH, uint16_t *pL, ark_pf *pf) {
-    const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1u);
-    const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xFFFF : n <= 16 ? 0 : (1u << (n - 16)) - 1u);
+    const __mmask16 m0 = lanes16(n), m1 = n > 16 ? lanes16(n - 16) : 0;
     for (int64_t h = 0; h < Gt; h++) {
         __m512 x0 = _mm512_setzero_ps(), x1 = _mm512_setzero_ps();
         if (h < heads) {

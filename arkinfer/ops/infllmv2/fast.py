@@ -45,12 +45,12 @@ def infllmv2_attention(q: Tensor, k: Tensor, v: Tensor, *, config: SparseConfig,
     state is the CompressedKeys of the whole cache and idx int64 [B, Hkv, T, budget] holds each
     query's selected blocks in ascending order followed by -1 padding.
     """
-    plan = getattr(getattr(state, "room", None), "plan", None)   # the layer's native.DecodePlan
-    if plan is not None and q_sel is None:
-        step = plan.step(q, k, v, state, config, scale, cache_len)    # None: not as planned
-        if step is not None:
-            return step
     if q.shape[2] == 1 and not config.is_dense(k.shape[2]) and decode_is_sparse(cache_len, config):
+        plan = getattr(getattr(state, "room", None), "plan", None)   # the layer's DecodePlan
+        if plan is not None and q_sel is None:
+            step = plan.step(q, k, v, state, config, scale, cache_len)    # None: not as planned
+            if step is not None:
+                return step
         check_inputs(q, k, v, cache_len, config, state, q_sel, k_sel)
         keys = update_compressed(k if k_sel is None else k_sel, config, state)
         out, idx = decode_step(q, k, v, keys, config=config, scale=scale, cache_len=cache_len,

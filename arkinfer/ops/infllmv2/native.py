@@ -207,19 +207,17 @@ class DecodePlan:
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, state: CompressedKeys, config: SparseConfig,
              scale: float, cache_len: int) -> tuple[Tensor, CompressedKeys, Tensor] | None:
-        """`infllmv2_attention`'s decode step for the layer this plan belongs to (state.room's
-        plan, q_sel None), when the step can run as built: (out, keys, idx) as that function
-        returns them, or None, and the caller takes the general path (every argument checked,
-        readable errors). It holds when nothing changed but q's data and the cache length: the
-        same config, scale, threads, q layout and cache buffers, k / v holding cache_len + 1
-        rows, a sparse step, and a state no longer than the cache that needs no new kernel (15
-        steps in 16; the 16th computes one through `update_compressed`). A handful of
+        """`infllmv2_attention`'s sparse decode step (the caller checked that it is one) for the
+        layer this plan belongs to (state.room's plan, q_sel None), when the step can run as
+        built: (out, keys, idx) as that function returns them, or None, and the caller takes the
+        general path (every argument checked, readable errors). It holds when nothing changed but
+        q's data and the cache length: the same config, scale, threads, q layout and cache
+        buffers, k / v holding cache_len + 1 rows, and a state no longer than the cache that
+        needs no new kernel (15 steps in 16; the 16th computes one through `update_compressed`). A handful of
         comparisons, then the one C call (docs/infllmv2.md §10 gives the time it saves)."""
         total = cache_len + 1
         if (not self.same_q or (config is not self.config and config != self.config)
                 or scale != self.scale or state.length > total
-                or cache_len // config.block_size + 1 <= config.budget   # decode_is_sparse
-                or config.is_dense(total)
                 or (q.shape, q.stride(), q.dtype) != self.q_layout
                 or (k.data_ptr(), k.stride(), v.data_ptr(), v.stride(), k.dtype, v.dtype)
                 != self.kv_layout
