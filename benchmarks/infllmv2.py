@@ -4,9 +4,10 @@
 every row measures the sparse kernel; a model with dense_len=8192 runs dense below 8192 tokens).
 Decode = one new query against the whole cache, the CompressedKeys state carried step to step
 (mean over consecutive steps, so the one-in-16 kernel emission is amortised; each pass starts
-from a state with spare room, as a decode past its first steps has). Before every timed call the
-KV the call reads leaves every cache level (`--flush kv`, the default: clflushopt over the K / V
-cache and the compressed keys), as in a model's decode loop, where 31 other layers' KV and the
+from a state with spare room, as a decode past its first steps has, and one untimed step that
+rebuilds what settling the caches evicted: its time is reported apart, `*_first_step_ms`).
+Before every timed call the KV the call reads leaves every cache level (`--flush kv`, the
+default: clflushopt over the K / V cache and the compressed keys), as in a model's decode loop, where 31 other layers' KV and the
 weights pass through between two steps of one layer while the interpreter, the kernel code and
 its workspace stay warm. `--flush llc` instead reads twice the last-level cache (`--flush-mib`)
 before each call, evicting everything, the interpreter included (a harsher condition: fixed
@@ -289,17 +290,27 @@ def time_decode(length: int, cfg: SparseConfig, dtype: torch.dtype, args, group:
     q = torch.randn(1, HKV * group, 1, D, generator=g).to(dtype)
     scale = D ** -0.5
     first = length - args.decode_steps
-    state0 = compress_keys(k[:, :, :first], cfg)
+    state0 = compress_keys(k[:, :, :first - 1], cfg)
     passes: dict[str, list[tuple[float, float]]] = {"dense": [], "sparse": []}
+    firsts: dict[str, list[float]] = {"dense": [], "sparse": []}
     # Each pass runs the decode steps of one path after the other; passes alternate dense and
     # sparse, so drift hits both alike. Steps of the two paths interleaved one by one made each
     # sparse step pay for the write-back of the dense step's dirty temporaries (torch's bf16 SDPA
     # upcasts the 128K cache: hundreds of MiB written, still in the LLC): group 2, bf16, 128K ran
     # 1.31-1.42 ms per step that way against 1.02 ms after sparse steps (session 12). settle()
     # writes back what a pass left dirty before the next one starts.
+    # Each pass starts with one untimed step (position first - 1, its time kept as
+    # `*_first_step_ms`): settle() has just evicted the interpreter and the kernel code, and
+    # reserve_room a fresh state whose plan is built on its first step, while the steps measured
+    # are the steady state of a decode loop, where those stay warm (see --flush kv above).
     for rep in range(args.repeats + 1):           # pass 0 warms up (allocator, kernels)
         state, sums = reserve_room(state0), {"dense": [0.0, 0.0], "sparse": [0.0, 0.0]}
         settle(args.flush)
+        args.flush((k, v))
+        with Timer() as t:
+            dense_attention(q, k[:, :, :first], v[:, :, :first], scale, first - 1)
+        if rep:
+            firsts["dense"].append(t.wall)
         for p in range(first, length):
             kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
             args.flush((k, v))
@@ -308,6 +319,12 @@ def time_decode(length: int, cfg: SparseConfig, dtype: torch.dtype, args, group:
             sums["dense"][0] += t.wall
             sums["dense"][1] += t.cpu
         settle(args.flush)
+        args.flush((k, v, state.fine, state.coarse))
+        with Timer() as t:
+            _, state, _ = infllmv2_attention(q, k[:, :, :first], v[:, :, :first], config=cfg,
+                                             scale=scale, cache_len=first - 1, state=state)
+        if rep:
+            firsts["sparse"].append(t.wall)
         for p in range(first, length):
             kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
             args.flush((k, v, state.fine, state.coarse))
@@ -335,7 +352,9 @@ def time_decode(length: int, cfg: SparseConfig, dtype: torch.dtype, args, group:
             "sparse_copy_fraction": sparse_b / ts / 1e9 / machine["copy_gbs"],
             "dense_gflops": dense_f / td / 1e9, "sparse_gflops": sparse_f / ts / 1e9,
             "sparse_matmul_fraction": sparse_f / ts / 1e9 / machine["matmul_gflops"],
-            "dense_peak_mib": dense_mem.mib, "sparse_peak_mib": sparse_mem.mib}
+            "dense_peak_mib": dense_mem.mib, "sparse_peak_mib": sparse_mem.mib,
+            "dense_first_step_ms": statistics.median(firsts["dense"]) * 1e3,
+            "sparse_first_step_ms": statistics.median(firsts["sparse"]) * 1e3}
 
 
 def time_prefill(length: int, cfg: SparseConfig, dtype: torch.dtype) -> dict:
@@ -435,6 +454,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     for group in groups:
         for length in contexts:
             row = {"context": length, "group": group, "load_avg_before": os.getloadavg(),
+                   # the copy rate again right before the row: how far the VM drifted since the
+                   # start (the fractions stay against machine["copy_gbs"], one figure per run)
+                   "copy_gbs_before": bandwidth_gbs()["copy_gbs"],
                    "decode": time_decode(length, cfg, dtype, args, group, machine)}
             print(f"  group {group}, {length}: decode {row['decode']['dense_ms']:.2f} ms dense, "
                   f"{row['decode']['sparse_ms']:.2f} ms sparse (load "
