@@ -7,16 +7,17 @@ Decode = one new query against the whole cache, the CompressedKeys state carried
 from a state with spare room, as a decode past its first steps has, and one untimed step that
 rebuilds what settling the caches evicted: its time is reported apart, `*_first_step_ms`).
 Before every timed call the KV the call reads leaves every cache level (`--flush kv`, the
-default: clflushopt over the K / V cache and the compressed keys), as in a model's decode loop, where 31 other layers' KV and the
-weights pass through between two steps of one layer while the interpreter, the kernel code and
-its workspace stay warm. `--flush llc` instead reads twice the last-level cache (`--flush-mib`)
-before each call, evicting everything, the interpreter included (a harsher condition: fixed
-per-call costs then read from DRAM too); it reads rather than writes, since dirty lines left by
-a write would be written back during the timed call (until session 12 it wrote; with session
-12's code that made the sparse steps 5-33 % slower). `--flush none` keeps caches warm. Prefill = the whole
-sequence in one call. Dense baseline: torch scaled_dot_product_attention on the same dtype.
-Sparse decode uses the C decode step (decode_kernel.c) when it builds; `--torch-only` measures
-the pure-torch fallback instead. Threads: torch's default unless --threads is given.
+default: clflushopt over the K / V cache and the compressed keys), as in a model's decode loop,
+where 31 other layers' KV and the weights pass through between two steps of one layer while the
+interpreter, the kernel code and its workspace stay warm. `--flush llc` instead reads twice the
+last-level cache (`--flush-mib`) before each call, evicting everything, the interpreter included
+(a harsher condition: fixed per-call costs then read from DRAM too); it reads rather than
+writes, since dirty lines left by a write would be written back during the timed call (until
+session 12 it wrote; with session 12's code that made the sparse steps 5-33 % slower).
+`--flush none` keeps caches warm. Prefill = the whole sequence in one call. Dense baseline: torch
+scaled_dot_product_attention on the same dtype. Sparse decode uses the C decode step
+(decode_kernel.c) when it builds; `--torch-only` measures the pure-torch fallback instead.
+Threads: torch's default unless --threads is given.
 
 Each decode row reports, for both paths, the KV bytes the step must read per second and that rate
 as a fraction of the machine's measured copy bandwidth (read + write bytes per second of a 512 MiB
@@ -305,34 +306,30 @@ def time_decode(length: int, cfg: SparseConfig, dtype: torch.dtype, args, group:
     # are the steady state of a decode loop, where those stay warm (see --flush kv above).
     for rep in range(args.repeats + 1):           # pass 0 warms up (allocator, kernels)
         state, sums = reserve_room(state0), {"dense": [0.0, 0.0], "sparse": [0.0, 0.0]}
+
+        def tally(name: str, p: int, t: Timer) -> None:
+            if p < first:                        # the pass's untimed first step
+                if rep:
+                    firsts[name].append(t.wall)
+            else:
+                sums[name][0] += t.wall
+                sums[name][1] += t.cpu
+
         settle(args.flush)
-        args.flush((k, v))
-        with Timer() as t:
-            dense_attention(q, k[:, :, :first], v[:, :, :first], scale, first - 1)
-        if rep:
-            firsts["dense"].append(t.wall)
-        for p in range(first, length):
+        for p in range(first - 1, length):
             kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
             args.flush((k, v))
             with Timer() as t:
                 dense_attention(q, kk, vv, scale, p)
-            sums["dense"][0] += t.wall
-            sums["dense"][1] += t.cpu
+            tally("dense", p, t)
         settle(args.flush)
-        args.flush((k, v, state.fine, state.coarse))
-        with Timer() as t:
-            _, state, _ = infllmv2_attention(q, k[:, :, :first], v[:, :, :first], config=cfg,
-                                             scale=scale, cache_len=first - 1, state=state)
-        if rep:
-            firsts["sparse"].append(t.wall)
-        for p in range(first, length):
+        for p in range(first - 1, length):
             kk, vv = k[:, :, :p + 1], v[:, :, :p + 1]
             args.flush((k, v, state.fine, state.coarse))
             with Timer() as t:
                 _, state, _ = infllmv2_attention(q, kk, vv, config=cfg, scale=scale,
                                                  cache_len=p, state=state)
-            sums["sparse"][0] += t.wall
-            sums["sparse"][1] += t.cpu
+            tally("sparse", p, t)
         if rep:
             for name, (wall, cpu) in sums.items():
                 passes[name].append((wall / args.decode_steps, cpu / args.decode_steps))

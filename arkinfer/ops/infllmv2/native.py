@@ -213,8 +213,9 @@ class DecodePlan:
         general path (every argument checked, readable errors). It holds when nothing changed but
         q's data and the cache length: the same config, scale, threads, q layout and cache
         buffers, k / v holding cache_len + 1 rows, and a state no longer than the cache that
-        needs no new kernel (15 steps in 16; the 16th computes one through `update_compressed`). A handful of
-        comparisons, then the one C call (docs/infllmv2.md §10 gives the time it saves)."""
+        needs no new kernel (15 steps in 16; the 16th computes one through
+        `update_compressed`). A handful of comparisons, then the one C call (docs/infllmv2.md
+        §10 gives the time it saves)."""
         total = cache_len + 1
         if (not self.same_q or (config is not self.config and config != self.config)
                 or scale != self.scale or state.length > total
