@@ -25,13 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from infllmv2 import DTYPES, HKV, Flush
+from infllmv2 import DTYPES, HKV, D, Flush
 from machine import machine_info
 
 from arkinfer.ops.infllmv2 import SparseConfig, compress_keys
 from arkinfer.ops.infllmv2.native import kernels
-
-D = 128
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
