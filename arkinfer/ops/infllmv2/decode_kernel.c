@@ -633,8 +633,8 @@ int64_t ark_kernel_means(const ark_means_args *a) {
     return 0;
 }
 
-/* The AVX-512 tiles: on = 1 (where the CPU has AVX-512F) or 0 (AVX2 only), -1 just asks; returns
- * whether they run now. Both give the same bits (tests/ops/test_infllmv2_native.py). */
+/* The AVX-512 tiles: on = 1 (where the CPU has AVX-512F and VL) or 0 (AVX2 only), -1 just asks;
+ * returns whether they run now. Both give the same bits (tests/ops/test_infllmv2_native.py). */
 int64_t ark_set_zmm(int64_t on) {
     if (on >= 0) {
         ark_zmm = -1;                /* use_zmm() detects the CPU again */

@@ -251,22 +251,67 @@ ARK_INLINE void scores_dot(const int G, const float *q, int64_t D, const float *
 /* -- AVX-512 variants of the two compute-bound tiles (groups of more than 4 heads) -----------
  * Same arithmetic per output lane, in the same order (one fused multiply-add per element, rows /
  * columns in the same sequence), so they give the AVX2 tiles' bits at twice the FMA width. Used
- * where the CPU has AVX-512F (checked once at run time, `ark_zmm`); the file stays AVX2. */
-#define ARK_ZMM __attribute__((target("avx512f,fma")))
+ * where the CPU has AVX-512F and VL (checked once at run time, `ark_zmm`); the file stays AVX2. */
+#define ARK_ZMM __attribute__((target("avx512f,avx512vl,fma")))
 
-/* As scores_tile with 9..16 heads in one zmm (lanes >= heads masked off): 8 rows per pass. */
-ARK_ZMM static void scores_tile_zmm(const float *qT, int64_t qs, int64_t D, const float *k,
-                                    int64_t ld, int64_t n, float *s, int64_t ns, int64_t heads,
-                                    ark_pf *pf) {
+/* The 16 x 16 transpose of a[0..15] (a[r] lane g becomes a[g] lane r): four stages of 16
+ * shuffles, the classic unpack_ps / unpack_pd / shuffle_f32x4 network. */
+ARK_ZMM static inline void transpose16_zmm(__m512 a[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+        a[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        a[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        a[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        a[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_f32x4(a[i + j], a[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_f32x4(a[i + j], a[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        a[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+        a[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/* As scores_tile with 9..16 heads in one zmm (lanes >= heads masked off): 16 rows per pass (16
+ * independent FMA chains: the former 8 kept both FMA units at exactly their 4-cycle latency, and
+ * ran at about half their rate), then 8, then one. The prefetch cursor stays in registers. */
+ARK_ZMM ARK_INLINE void scores_tile_zmm_ld(const float *qT, int64_t qs, int64_t D, const float *k,
+                                           int64_t ld, int64_t n, float *s, int64_t ns,
+                                           int64_t heads, ark_pf *pf) {
     const __mmask16 lanes = (__mmask16)((1u << heads) - 1u);
+    const char **line = pf->line;
+    int64_t pi = pf->i;
+    const int64_t pn = pf->n;
     float tmp[8][16];
     int64_t t = 0;
+    for (; t + 16 <= n; t += 16) {
+        const float *k0 = k + t * ld;
+        __m512 a[16];
+        for (int r = 0; r < 16; r++) a[r] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            if (pi < pn) _mm_prefetch(line[pi++], _MM_HINT_T1);
+            const __m512 q = _mm512_maskz_loadu_ps(lanes, qT + d * qs);
+            for (int r = 0; r < 16; r++)
+                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(k0[r * ld + d]), q, a[r]);
+        }
+        transpose16_zmm(a);
+        for (int64_t g = 0; g < heads; g++) _mm512_storeu_ps(s + g * ns + t, a[g]);
+    }
     for (; t + 8 <= n; t += 8) {
         const float *k0 = k + t * ld;
         __m512 a[8];
         for (int r = 0; r < 8; r++) a[r] = _mm512_setzero_ps();
         for (int64_t d = 0; d < D; d++) {
-            if (d & 1) ark_pf_step(pf);
+            if ((d & 1) && pi < pn) _mm_prefetch(line[pi++], _MM_HINT_T1);
             const __m512 q = _mm512_maskz_loadu_ps(lanes, qT + d * qs);
             for (int r = 0; r < 8; r++)
                 a[r] = _mm512_fmadd_ps(_mm512_set1_ps(k0[r * ld + d]), q, a[r]);
@@ -275,6 +320,7 @@ ARK_ZMM static void scores_tile_zmm(const float *qT, int64_t qs, int64_t D, cons
         for (int64_t g = 0; g < heads; g++)
             for (int r = 0; r < 8; r++) s[g * ns + t + r] = tmp[r][g];
     }
+    pf->i = pi;
     for (; t < n; t++) {
         const float *k0 = k + t * ld;
         __m512 a0 = _mm512_setzero_ps();
@@ -284,6 +330,50 @@ ARK_ZMM static void scores_tile_zmm(const float *qT, int64_t qs, int64_t D, cons
         _mm512_storeu_ps(tmp[0], a0);
         for (int64_t g = 0; g < heads; g++) s[g * ns + t] = tmp[0][g];
     }
+}
+
+/* scores_tile_zmm_ld, with the row stride a constant for the usual contiguous rows of 128
+ * floats: the 16 rows of a pass are then one pointer and 16 displacements, where a run-time
+ * stride takes 16 registers and spilled 7 of them, a reload per multiply-add step. */
+ARK_ZMM static void scores_tile_zmm(const float *qT, int64_t qs, int64_t D, const float *k,
+                                    int64_t ld, int64_t n, float *s, int64_t ns, int64_t heads,
+                                    ark_pf *pf) {
+    if (ld == 128 && D == 128) scores_tile_zmm_ld(qT, qs, 128, k, 128, n, s, ns, heads, pf);
+    else scores_tile_zmm_ld(qT, qs, D, k, ld, n, s, ns, heads, pf);
+}
+
+/* As scores_tile with 5..8 heads (NV = 1), compiled for AVX-512 so that 16 rows per pass fit the
+ * 32 vector registers: 16 independent FMA chains instead of 8 (see scores_tile_zmm). */
+ARK_ZMM ARK_INLINE void scores_tile8_zmm_ld(const float *qT, int64_t qs, int64_t D, const float *k,
+                                            int64_t ld, int64_t n, float *s, int64_t ns,
+                                            int64_t heads, ark_pf *pf) {
+    const char **line = pf->line;
+    int64_t pi = pf->i, t = 0;
+    const int64_t pn = pf->n;
+    for (; t + 16 <= n; t += 16) {
+        const float *k0 = k + t * ld;
+        __m256 a[16];
+        for (int r = 0; r < 16; r++) a[r] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            if (pi < pn) _mm_prefetch(line[pi++], _MM_HINT_T1);
+            const __m256 q = _mm256_loadu_ps(qT + d * qs);
+            for (int r = 0; r < 16; r++)
+                a[r] = _mm256_fmadd_ps(_mm256_set1_ps(k0[r * ld + d]), q, a[r]);
+        }
+        __m512 w[16];    /* lanes 8-15 zero: the transpose's rows 8-15 are not stored */
+        for (int r = 0; r < 16; r++) w[r] = _mm512_zextps256_ps512(a[r]);
+        transpose16_zmm(w);
+        for (int64_t g = 0; g < heads; g++) _mm512_storeu_ps(s + g * ns + t, w[g]);
+    }
+    pf->i = pi;
+    if (t < n) scores_tile(1, qT, qs, D, k + t * ld, ld, n - t, s + t, ns, heads, pf);
+}
+
+ARK_ZMM static void scores_tile8_zmm(const float *qT, int64_t qs, int64_t D, const float *k,
+                                     int64_t ld, int64_t n, float *s, int64_t ns, int64_t heads,
+                                     ark_pf *pf) {
+    if (ld == 128 && D == 128) scores_tile8_zmm_ld(qT, qs, 128, k, 128, n, s, ns, heads, pf);
+    else scores_tile8_zmm_ld(qT, qs, D, k, ld, n, s, ns, heads, pf);
 }
 
 /* As pv_tile(4, W) for 4 heads x 64 floats (4 zmm per row): out[h][j..j+63] += p[h][t] row[t]. */
@@ -306,10 +396,10 @@ ARK_ZMM static void pv_tile_zmm(const float *p, int64_t np, const float *v, int6
 }
 
 /* -- AVX-512 variants of the exponential phases ------------------------------------------------
- * exp512 is exp256 on 16 lanes (the same steps, so the same bits per lane). The loops below keep
- * their AVX2 twins' order of additions: a sum over heads per lane, or an 8-lane running sum fed
- * one block of 8 after the other (a block past the end adds zeros, which changes no bits), so
- * they give the same results at twice the width. */
+ * exp512 is exp256 on 16 lanes (the same bits per lane; its last steps are scalef). The loops
+ * below keep their AVX2 twins' order of additions: a sum over heads per lane, or an 8-lane
+ * running sum fed one block of 8 after the other (a block past the end adds zeros, which changes
+ * no bits), so they give the same results at twice the width. */
 ARK_ZMM static inline __m512 exp512(__m512 x) {
     x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-110.0f), x));
     const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -323,11 +413,12 @@ ARK_ZMM static inline __m512 exp512(__m512 x) {
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i n = _mm512_cvtps_epi32(fx);
-    const __m512i a = _mm512_srai_epi32(n, 1), b = _mm512_sub_epi32(n, a);
-    const __m512i bias = _mm512_set1_epi32(127);
-    y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(a, bias), 23)));
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(b, bias), 23)));
+    /* y * 2^a * 2^b, a = floor(fx / 2), b = fx - a, as exp256's two multiplies by exponents it
+     * builds from integers, in 5 instructions instead of 9: scalef multiplies by 2^a with the
+     * same single rounding (every one of the 2^32 inputs gives exp256's bits; NaN stays NaN). */
+    const __m512 a = _mm512_roundscale_ps(_mm512_mul_ps(fx, _mm512_set1_ps(0.5f)),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    return _mm512_scalef_ps(_mm512_scalef_ps(y, a), _mm512_sub_ps(fx, a));
 }
 
 ARK_ZMM static inline __mmask16 lanes16(int64_t n) {
@@ -416,14 +507,14 @@ ARK_ZMM static void widen_rows_zmm(const uint16_t *src, int64_t ld, int64_t n, i
     }
 }
 
-/* 1 where the AVX-512 tiles run: the CPU has AVX-512F, unless ark_set_zmm(0) turned them off
+/* 1 where the AVX-512 tiles run: the CPU has AVX-512F and VL, unless ark_set_zmm(0) turned them off
  * (tests compare both). */
 static int ark_zmm = -1;
 
 static int use_zmm(void) {
     if (ark_zmm < 0) {
         __builtin_cpu_init();
-        ark_zmm = __builtin_cpu_supports("avx512f") ? 1 : 0;
+        ark_zmm = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") ? 1 : 0;
     }
     return ark_zmm;
 }
@@ -444,6 +535,7 @@ static void scores_tiles(const float *qT, const float *qR, int64_t G, int64_t D,
     for (int64_t g0 = 0; g0 < G; g0 += 16) {
         const int64_t heads = G - g0 < 16 ? G - g0 : 16;
         if (zmm && heads > 8) scores_tile_zmm(qT + g0, qs, D, k, ld, n, s + g0 * ns, ns, heads, pf);
+        else if (zmm) scores_tile8_zmm(qT + g0, qs, D, k, ld, n, s + g0 * ns, ns, heads, pf);
         else scores_tile(heads > 8 ? 2 : 1, qT + g0, qs, D, k, ld, n, s + g0 * ns, ns, heads,
                          pf);
     }
