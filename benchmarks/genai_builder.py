@@ -132,12 +132,13 @@ print(json.dumps({"rates": rates, "onnxruntime_genai": og.__version__}))
 
 
 def generator_rates(python: str, folder: Path, prompt: list[int], steps: int, reps: int,
-                    threads: int) -> dict:
+                    threads: int, env: dict[str, str] | None = None) -> dict:
     """tokens/s of genai's own loop: `steps` generate_next_token calls, each one model run,
     after the prompt (append_tokens runs the prefill; the first generate_next_token only samples
-    from its logits and is not timed), `reps` times after a warm-up."""
+    from its logits and is not timed), `reps` times after a warm-up; env: the child's
+    environment (default: this process's)."""
     done = subprocess.run([python, "-c", _GENERATOR, str(folder), json.dumps(prompt), str(steps),
-                           str(reps), str(threads)], capture_output=True, text=True)
+                           str(reps), str(threads)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"onnxruntime-genai's generator failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -10,6 +10,11 @@ the shipped Q4_1 GGUF (llama.cpp's own quantiser, default per-tensor rules). All
 threads, the same prompt ids, a warm-up, and `--tokens` timed greedy-fed decode steps; the
 repetitions go round-robin over the runtimes so that a noisy neighbour hits them all alike.
 
+Like the `arkinfer` command, the script restarts itself with glibc's huge-page malloc
+(arkinfer/huge_pages.py; ARKINFER_HUGE_PAGES=0: not), and every runtime in it and in its child
+processes runs with it; with --genai-python, our runner and genai's generator are also timed in
+processes started without it (`*_plain_malloc`), as a genai user runs genai.
+
     python benchmarks/onnx_vs_llamacpp.py --accuracy-level 4 --nbits-baseline \
         --genai-python /tmp/genai-venv/bin/python --json benchmarks/results/onnx_vs_llamacpp_int8.json
 
@@ -31,6 +36,9 @@ from pathlib import Path
 
 import torch
 from machine import machine_info
+
+from arkinfer.huge_pages import reexec_with_huge_page_malloc, without_huge_page_malloc
+from arkinfer.huge_pages import status as huge_page_status
 
 
 def _decode_rate(runner, prompt: list[int], steps: int) -> float:
@@ -65,12 +73,13 @@ _OWN_VERSIONS: dict[str, str] = {}   # interpreter -> the onnxruntime its child 
 
 
 def _own_process_rate(art: Path, prompt: list[int], steps: int, threads: int, level: int,
-                      python: str = sys.executable) -> float:
+                      python: str = sys.executable, env: dict[str, str] | None = None) -> float:
     """tokens/s of our runner in a process of its own (one warm-up pass, one timed), run by
-    `python` (another interpreter with arkinfer installed: its onnxruntime)."""
+    `python` (another interpreter with arkinfer installed: its onnxruntime), in `env` (default:
+    this process's environment)."""
     done = subprocess.run([python, "-c", _OWN_PROCESS, str(art), json.dumps(prompt),
                            str(steps), str(threads), str(level), str(Path(__file__).parent)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the onnxruntime child ({python}) failed:\n{done.stderr[-2000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -188,6 +197,12 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
             timers["genai_model_same_runtime"] = lambda: _decode_rate(same, prompt, steps)
             timers["genai_generator"] = lambda: genai_builder.generator_rates(
                 genai_python, folder, prompt, steps, 1, threads)["rates"][0]
+            if huge_page_status()["on"]:   # both as started without the tunable
+                timers["genai_generator_plain_malloc"] = lambda: genai_builder.generator_rates(
+                    genai_python, folder, prompt, steps, 1, threads,
+                    env=without_huge_page_malloc())["rates"][0]
+                timers["onnxruntime_own_process_plain_malloc"] = lambda: _own_process_rate(
+                    art, prompt, steps, threads, accuracy_level, env=without_huge_page_malloc())
             timers["onnxruntime_own_process"] = lambda: _own_process_rate(
                 art, prompt, steps, threads, accuracy_level)
             if genai_has_arkinfer(genai_python):   # our runner on genai's onnxruntime too
@@ -226,8 +241,19 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
             "model_same_runtime": _entry(rates["genai_model_same_runtime"], note="its "
                                          "model.onnx in this onnxruntime, fed like our runner"),
             "generator": _entry(rates["genai_generator"], note="og.Generator in the genai "
-                                "interpreter (its own onnxruntime, shared KV buffers)"),
+                                "interpreter (its own onnxruntime, shared KV buffers), with this "
+                                "process's malloc (huge_page_malloc in machine)"),
         }
+        if "genai_generator_plain_malloc" in rates:
+            result["genai"]["generator_plain_malloc"] = _entry(
+                rates["genai_generator_plain_malloc"], note="the same, started without "
+                "glibc.malloc.hugetlb (as a genai user runs it)")
+            result["onnxruntime_own_process_plain_malloc"] = _entry(
+                rates["onnxruntime_own_process_plain_malloc"], note="our runner alone in a "
+                "fresh process started without glibc.malloc.hugetlb (ARKINFER_HUGE_PAGES=0)")
+            result["genai"]["ratio_own_process_over_generator_plain_malloc"] = round(
+                statistics.median(rates["onnxruntime_own_process"])
+                / result["genai"]["generator_plain_malloc"]["tokens_per_s"], 3)
         result["onnxruntime_own_process"] = _entry(
             rates["onnxruntime_own_process"], note="our runner alone in a fresh process, "
             "timed like genai's generator", onnxruntime=_OWN_VERSIONS.get(sys.executable))
@@ -244,6 +270,12 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
                 same / result["genai"]["generator"]["tokens_per_s"], 3)
         pairs = {"onnx_over_model_same_runtime": ("onnxruntime", "genai_model_same_runtime"),
                  "own_process_over_generator": ("onnxruntime_own_process", "genai_generator"),
+                 "own_process_over_generator_plain_malloc": ("onnxruntime_own_process",
+                                                             "genai_generator_plain_malloc"),
+                 "both_plain_malloc": ("onnxruntime_own_process_plain_malloc",
+                                       "genai_generator_plain_malloc"),
+                 "own_process_huge_over_plain_malloc": ("onnxruntime_own_process",
+                                                        "onnxruntime_own_process_plain_malloc"),
                  "own_process_same_ort_over_generator": ("onnxruntime_own_process_genai_ort",
                                                          "genai_generator")}
         result["genai"]["pairs"] = {name: pair_ratios(rates[a], rates[b])
@@ -274,6 +306,7 @@ def ort_version() -> str:
 
 
 def main() -> None:
+    reexec_with_huge_page_malloc()   # the allocator `arkinfer` runs with (ARKINFER_HUGE_PAGES=0: not)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
@@ -313,6 +346,11 @@ def main() -> None:
         print(f"  in processes of their own: onnxruntime "
               f"{result['onnxruntime_own_process']['tokens_per_s']} tok/s vs genai's generator "
               f"{g['generator']['tokens_per_s']}: {g['ratio_own_process_over_generator']}")
+        if "generator_plain_malloc" in g:
+            print(f"  glibc's default malloc: genai's generator "
+                  f"{g['generator_plain_malloc']['tokens_per_s']} tok/s (ours with huge pages / "
+                  f"it {g['ratio_own_process_over_generator_plain_malloc']}), ours "
+                  f"{result['onnxruntime_own_process_plain_malloc']['tokens_per_s']} tok/s")
         if "ratio_own_process_same_ort_over_generator" in g:
             own = result["onnxruntime_own_process_genai_ort"]
             print(f"  ours on genai's onnxruntime {own['onnxruntime']}: {own['tokens_per_s']} "

@@ -22,7 +22,8 @@ HELP = ("Measure an artifact on this machine the way llama-bench does: prompt pr
         "Beside each measured rate: the latency model's prediction for this host and "
         "measured/predicted. Output as a markdown table, JSON or CSV with llama-bench's field "
         "names (n_prompt, n_gen, n_depth, avg_ts, stddev_ts, samples_ts, ...) plus ArkInfer's "
-        "(test, attention, ttft_ms, peak_rss_bytes, predicted_ts, measured_over_predicted).")
+        "(test, attention, ttft_ms, peak_rss_bytes, predicted_ts, measured_over_predicted, "
+        "huge_page_malloc).")
 EXAMPLES = [
     "arkinfer bench dist/demo.host.q4_0",
     "arkinfer bench dist/demo.host.q4_0 -p 128,512 -n 64 -d 0,1024,2048 -r 3 --plot bench.png",

@@ -18,8 +18,9 @@ HELP = ("Build a verified artifact: load -> trace -> quantise -> lower -> verify
         "plan (model, target, backend, recipe, output) is checked and printed before any work. "
         "The artifact is written to a temporary folder and renamed into place only when the "
         "parity gate passed, so a failed or interrupted build leaves nothing behind. MODEL "
-        "defaults to the embedded demo model; --target host runs everything on this CPU with "
-        "the reference backend. --quant takes a float dtype (f32, f16, bf16) or a preset "
+        "defaults to the embedded demo model; --target host builds for this CPU (default "
+        "backend gguf, run by llama.cpp; --backend onnx, reference, tvm or mlx for the others). "
+        "--quant takes a float dtype (f32, f16, bf16) or a preset "
         "(q4_0, q8_0, gptq, awq, marlin, ternary, ...).")
 EXAMPLES = [
     "arkinfer build --target host --quant q4_0",

@@ -105,13 +105,14 @@ def run(remeasure: bool, json_out: bool) -> None:
     if cached is None and not json_out:
         console.print("measuring this machine (copy bandwidth, matmul rate) ...", markup=False)
     record = host_measurement(measure_if_missing=True, remeasure=remeasure)
+    from arkinfer.huge_pages import status as huge_page_status
     from arkinfer.ops.infllmv2.native import describe
 
     info = {"arkinfer": __version__, "python": platform.python_version(),
             "platform": platform.platform(), "backends": backends(),
             "packages": package_versions(),
             "host": {**record, "cache": str(cache_path()), "from_cache": cached is not None},
-            "infllmv2_decode": describe()}
+            "infllmv2_decode": describe(), "huge_page_malloc": huge_page_status()}
     if json_out:
         print_json(info)
         return
@@ -132,6 +133,9 @@ def run(remeasure: bool, json_out: bool) -> None:
         ("measured", (f"{h['date']} ({'cached' if h['from_cache'] else 'now'}: {h['cache']}; "
                      "--remeasure to redo)")),
         ("InfLLM v2 decode", _decode_words(info["infllmv2_decode"])),
+        ("huge-page malloc", (f"on: {info['huge_page_malloc']['why']} (ARKINFER_HUGE_PAGES=0: "
+                              "off)" if info["huge_page_malloc"]["on"]
+                              else f"off: {info['huge_page_malloc']['why']}")),
     ])
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from arkinfer.errors import ArkError
+from arkinfer.huge_pages import status as huge_page_status
 
 from .verify import EVAL_TEXT
 
@@ -33,7 +34,7 @@ LLAMA_BENCH_FIELDS = ("cpu_info", "backends", "model_filename", "model_type", "m
                       "model_n_params", "n_threads", "n_prompt", "n_gen", "n_depth", "test_time",
                       "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts")
 OUR_FIELDS = ("test", "attention", "ttft_ms", "peak_rss_bytes", "predicted_ts",
-              "measured_over_predicted", "target", "quant")
+              "measured_over_predicted", "target", "quant", "huge_page_malloc")
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ def _common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
             "model_size": manifest["memory"]["weights_bytes"],
             "model_n_params": manifest.get("source", {}).get("n_params"),
             "n_threads": torch.get_num_threads(), "target": manifest["target"]["id"],
-            "quant": manifest["quant"]["scheme"]}
+            "quant": manifest["quant"]["scheme"],
+            "huge_page_malloc": huge_page_status()["on"]}
 
 
 def host_predictor(manifest: dict[str, Any], raw_config: dict[str, Any]):

@@ -19,8 +19,11 @@ def cpu_model() -> str:
 
 
 def machine_info(**extra: object) -> dict[str, object]:
-    """cpu, cores, python and torch versions, plus any `extra` fields (e.g. threads)."""
+    """cpu, cores, python and torch versions, whether malloc asks for huge pages
+    (arkinfer/huge_pages.py), plus any `extra` fields (e.g. threads)."""
     import torch
 
+    from arkinfer.huge_pages import status
+
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, **extra}
+            "torch": torch.__version__, "huge_page_malloc": status()["on"], **extra}

@@ -183,6 +183,7 @@ def rpc_bench(artifact_dir: str | Path, manifest: dict[str, Any], remote: Remote
             samples = [t * size for t in per_call] if kind == "tg" else per_call
             row = _row(common, kind, size, depth, "default", samples, None)
             row["peak_rss_bytes"] = None  # the remote's memory is not measured
+            row["huge_page_malloc"] = None  # nor its allocator
             rows.append(row)
     return rows
 
