@@ -106,7 +106,7 @@ def reexec_with_huge_page_malloc() -> None:
     """Start this very command again (same interpreter, flags and arguments) with huge-page
     malloc, unless it does not apply or this process is already the restart. Call it first
     thing: whatever ran before is run again."""
-    if os.environ.get(_REEXEC_MARK) == "1":
+    if os.environ.get(_REEXEC_MARK) == "1" or not sys.executable:
         return
     env = huge_page_env()
     if env is None:
@@ -115,4 +115,7 @@ def reexec_with_huge_page_malloc() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     argv = list(getattr(sys, "orig_argv", [])) or [sys.executable, *sys.argv]
-    os.execve(sys.executable, [sys.executable, *argv[1:]], env)
+    try:
+        os.execve(sys.executable, [sys.executable, *argv[1:]], env)
+    except OSError:   # cannot start the interpreter again: go on with the default malloc
+        return
