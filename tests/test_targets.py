@@ -311,3 +311,36 @@ def test_cli_prints_profile_text_verbatim(cli):
     assert result.exit_code == 0, result.output
     assert "(the [gguf] extra)" in result.stdout  # brackets are text, not rich markup
     assert "arkinfer doctor" in result.stdout
+
+
+_MEASURE_CONCURRENTLY = """
+import pathlib, sys, time
+import arkinfer.targets.host as host
+host.measure_host = lambda: {"by": sys.argv[1]}
+rename = pathlib.Path.replace
+def slow_rename(self, target):   # widen the window between writing and renaming
+    time.sleep(0.3)
+    return rename(self, target)
+pathlib.Path.replace = slow_rename
+time.sleep(float(sys.argv[2]))
+print(host.host_measurement(remeasure=True)["by"])
+"""
+
+
+def test_two_processes_measuring_the_host_at_once_both_succeed(tmp_path):
+    """A matrix runs cells side by side, and each may (re)measure the host: every writer renames a
+    complete file of its own into place, none loses its temporary to the other."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ARKINFER_CACHE": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", _MEASURE_CONCURRENTLY, name, delay],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, delay in (("a", "0"), ("b", "0.05"))]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    assert sorted(out.strip() for out, _ in results) == ["a", "b"]
+    assert json.loads((tmp_path / "host.json").read_text())["by"] in ("a", "b")
+    assert [p.name for p in tmp_path.iterdir()] == ["host.json"]   # no temporary left behind

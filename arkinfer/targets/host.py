@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,9 @@ def host_measurement(measure_if_missing: bool = True,
     if record is None and (measure_if_missing or remeasure):
         record = measure_host()
         path = cache_path()
-        tmp = path.with_suffix(".json.tmp")
+        # a name of this process's own: two processes measuring at once (a matrix runs cells
+        # side by side) each rename a complete file, instead of one renaming the other's away
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(record, indent=2))
         tmp.replace(path)
     return record
