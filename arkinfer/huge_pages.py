@@ -10,12 +10,12 @@ with the tunable added, before importing anything heavy (~30 ms):
 
     reexec_with_huge_page_malloc()      # returns where it does not apply; else never returns
 
-SmolLM2-135M 4-bit on onnxruntime with int8 activations decodes ~10 % faster this way
-(benchmarks/onnx_vs_llamacpp.py; BENCHMARKS.md). Values are unchanged: only the page size behind
-them. Children inherit the variable; `without_huge_page_malloc()` gives an environment without
-it (the benchmarks time both). It does
-nothing with ARKINFER_HUGE_PAGES=0, off Linux, with glibc before 2.35, with THP set to `never`,
-or when GLIBC_TUNABLES already names the tunable (a user's own choice wins).
+SmolLM2-135M 4-bit on onnxruntime with int8 activations decoded 2.5-14 % faster this way in
+our runs (benchmarks/onnx_vs_llamacpp.py; BENCHMARKS.md). Values are unchanged: only the page
+size behind them. Children inherit the variable; `without_huge_page_malloc()` gives an
+environment without it (the benchmarks time both). It does nothing with ARKINFER_HUGE_PAGES=0,
+off Linux, with glibc before 2.35, with THP set to `never`, or when GLIBC_TUNABLES already names
+the tunable (a user's own choice wins).
 """
 
 from __future__ import annotations
