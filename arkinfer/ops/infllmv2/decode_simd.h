@@ -283,14 +283,13 @@ ARK_ZMM static inline void transpose16_zmm(__m512 a[16]) {
 
 /* As scores_tile with 9..16 heads in one zmm (lanes >= heads masked off): 16 rows per pass (16
  * independent FMA chains: the former 8 kept both FMA units at exactly their 4-cycle latency, and
- * ran at about half their rate), then 8, then one. The prefetch cursor stays in registers. */
+ * ran at about half their rate), then 8, then one. The prefetch queue is a local copy, so its
+ * cursor stays in a register (through *pf it was stored and reloaded every step). */
 ARK_ZMM ARK_INLINE void scores_tile_zmm_ld(const float *qT, int64_t qs, int64_t D, const float *k,
                                            int64_t ld, int64_t n, float *s, int64_t ns,
                                            int64_t heads, ark_pf *pf) {
     const __mmask16 lanes = (__mmask16)((1u << heads) - 1u);
-    const char **line = pf->line;
-    int64_t pi = pf->i;
-    const int64_t pn = pf->n;
+    ark_pf q = *pf;   /* a local copy stays in registers; *pf's cursor is written back below */
     float tmp[8][16];
     int64_t t = 0;
     for (; t + 16 <= n; t += 16) {
@@ -298,10 +297,10 @@ ARK_ZMM ARK_INLINE void scores_tile_zmm_ld(const float *qT, int64_t qs, int64_t 
         __m512 a[16];
         for (int r = 0; r < 16; r++) a[r] = _mm512_setzero_ps();
         for (int64_t d = 0; d < D; d++) {
-            if (pi < pn) _mm_prefetch(line[pi++], _MM_HINT_T1);
-            const __m512 q = _mm512_maskz_loadu_ps(lanes, qT + d * qs);
+            ark_pf_step(&q);
+            const __m512 qd = _mm512_maskz_loadu_ps(lanes, qT + d * qs);
             for (int r = 0; r < 16; r++)
-                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(k0[r * ld + d]), q, a[r]);
+                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(k0[r * ld + d]), qd, a[r]);
         }
         transpose16_zmm(a);
         for (int64_t g = 0; g < heads; g++) _mm512_storeu_ps(s + g * ns + t, a[g]);
@@ -311,16 +310,16 @@ ARK_ZMM ARK_INLINE void scores_tile_zmm_ld(const float *qT, int64_t qs, int64_t 
         __m512 a[8];
         for (int r = 0; r < 8; r++) a[r] = _mm512_setzero_ps();
         for (int64_t d = 0; d < D; d++) {
-            if ((d & 1) && pi < pn) _mm_prefetch(line[pi++], _MM_HINT_T1);
-            const __m512 q = _mm512_maskz_loadu_ps(lanes, qT + d * qs);
+            if (d & 1) ark_pf_step(&q);
+            const __m512 qd = _mm512_maskz_loadu_ps(lanes, qT + d * qs);
             for (int r = 0; r < 8; r++)
-                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(k0[r * ld + d]), q, a[r]);
+                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(k0[r * ld + d]), qd, a[r]);
         }
         for (int r = 0; r < 8; r++) _mm512_storeu_ps(tmp[r], a[r]);
         for (int64_t g = 0; g < heads; g++)
             for (int r = 0; r < 8; r++) s[g * ns + t + r] = tmp[r][g];
     }
-    pf->i = pi;
+    pf->i = q.i;
     for (; t < n; t++) {
         const float *k0 = k + t * ld;
         __m512 a0 = _mm512_setzero_ps();
@@ -347,25 +346,24 @@ ARK_ZMM static void scores_tile_zmm(const float *qT, int64_t qs, int64_t D, cons
 ARK_ZMM ARK_INLINE void scores_tile8_zmm_ld(const float *qT, int64_t qs, int64_t D, const float *k,
                                             int64_t ld, int64_t n, float *s, int64_t ns,
                                             int64_t heads, ark_pf *pf) {
-    const char **line = pf->line;
-    int64_t pi = pf->i, t = 0;
-    const int64_t pn = pf->n;
+    ark_pf q = *pf;   /* as scores_tile_zmm_ld */
+    int64_t t = 0;
     for (; t + 16 <= n; t += 16) {
         const float *k0 = k + t * ld;
         __m256 a[16];
         for (int r = 0; r < 16; r++) a[r] = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d++) {
-            if (pi < pn) _mm_prefetch(line[pi++], _MM_HINT_T1);
-            const __m256 q = _mm256_loadu_ps(qT + d * qs);
+            ark_pf_step(&q);
+            const __m256 qd = _mm256_loadu_ps(qT + d * qs);
             for (int r = 0; r < 16; r++)
-                a[r] = _mm256_fmadd_ps(_mm256_set1_ps(k0[r * ld + d]), q, a[r]);
+                a[r] = _mm256_fmadd_ps(_mm256_set1_ps(k0[r * ld + d]), qd, a[r]);
         }
         __m512 w[16];    /* lanes 8-15 zero: the transpose's rows 8-15 are not stored */
         for (int r = 0; r < 16; r++) w[r] = _mm512_zextps256_ps512(a[r]);
         transpose16_zmm(w);
         for (int64_t g = 0; g < heads; g++) _mm512_storeu_ps(s + g * ns + t, w[g]);
     }
-    pf->i = pi;
+    pf->i = q.i;
     if (t < n) scores_tile(1, qT, qs, D, k + t * ld, ld, n - t, s + t, ns, heads, pf);
 }
 
