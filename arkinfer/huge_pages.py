@@ -50,13 +50,21 @@ def glibc_version() -> tuple[int, int] | None:
         return None
 
 
+def _tunables(env: dict[str, str]) -> list[str]:
+    """GLIBC_TUNABLES as its name=value items."""
+    return [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
+
+
+def _ours(item: str) -> bool:
+    return item.startswith(f"{TUNABLE}=")
+
+
 def status(environ: dict[str, str] | None = None) -> dict[str, object]:
     """Whether this process's malloc asks for huge pages, and why (not): `arkinfer doctor` and
     the benchmarks' machine records print it. {"on": bool, "why": str}"""
     env = os.environ if environ is None else environ
-    tunables = env.get("GLIBC_TUNABLES", "")
-    if f"{TUNABLE}=1" in tunables.split(":") or f"{TUNABLE}=2" in tunables.split(":"):
-        return {"on": True, "why": f"GLIBC_TUNABLES={tunables} (THP {thp_mode()})"}
+    if any(t in (f"{TUNABLE}=1", f"{TUNABLE}=2") for t in _tunables(env)):
+        return {"on": True, "why": f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']} (THP {thp_mode()})"}
     return {"on": False, "why": _why_not(env) or "the process was not started by `arkinfer`"}
 
 
@@ -72,7 +80,7 @@ def _why_not(env: dict[str, str]) -> str | None:
     mode = thp_mode()
     if mode in (None, "never"):
         return f"transparent huge pages are {'absent' if mode is None else 'set to never'}"
-    if TUNABLE in env.get("GLIBC_TUNABLES", ""):
+    if any(_ours(t) for t in _tunables(env)):
         return f"GLIBC_TUNABLES already sets {TUNABLE} ({env['GLIBC_TUNABLES']})"
     return None
 
@@ -83,8 +91,7 @@ def huge_page_env(environ: dict[str, str] | None = None) -> dict[str, str] | Non
     env = dict(os.environ if environ is None else environ)
     if _why_not(env) is not None:
         return None
-    tunables = env.get("GLIBC_TUNABLES", "")
-    env["GLIBC_TUNABLES"] = f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"
+    env["GLIBC_TUNABLES"] = ":".join([*_tunables(env), f"{TUNABLE}=1"])
     return env
 
 
@@ -92,8 +99,7 @@ def without_huge_page_malloc(environ: dict[str, str] | None = None) -> dict[str,
     """`environ` (default: this process's) without glibc.malloc.hugetlb in GLIBC_TUNABLES: a
     child started with it runs on glibc's default allocation (benchmarks compare both)."""
     env = dict(os.environ if environ is None else environ)
-    kept = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and
-            not t.startswith(f"{TUNABLE}=")]
+    kept = [t for t in _tunables(env) if not _ours(t)]
     env.pop(_REEXEC_MARK, None)
     if kept:
         env["GLIBC_TUNABLES"] = ":".join(kept)

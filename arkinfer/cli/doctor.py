@@ -133,9 +133,7 @@ def run(remeasure: bool, json_out: bool) -> None:
         ("measured", (f"{h['date']} ({'cached' if h['from_cache'] else 'now'}: {h['cache']}; "
                      "--remeasure to redo)")),
         ("InfLLM v2 decode", _decode_words(info["infllmv2_decode"])),
-        ("huge-page malloc", (f"on: {info['huge_page_malloc']['why']} (ARKINFER_HUGE_PAGES=0: "
-                              "off)" if info["huge_page_malloc"]["on"]
-                              else f"off: {info['huge_page_malloc']['why']}")),
+        ("huge-page malloc", _huge_page_words(info["huge_page_malloc"])),
     ])
 
 
@@ -148,3 +146,8 @@ def _decode_words(d: dict[str, Any]) -> str:
     if d["amx_bf16"]:
         parts.append("AMX tiles for bf16 caches (ARKINFER_AMX=0: off)")
     return ", ".join(parts)
+
+
+def _huge_page_words(d: dict[str, Any]) -> str:
+    """One line for `huge_pages.status()`'s record."""
+    return f"on: {d['why']} (ARKINFER_HUGE_PAGES=0: off)" if d["on"] else f"off: {d['why']}"

@@ -6,6 +6,8 @@ import os
 import platform
 from pathlib import Path
 
+from arkinfer.huge_pages import status
+
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
@@ -22,8 +24,6 @@ def machine_info(**extra: object) -> dict[str, object]:
     """cpu, cores, python and torch versions, whether malloc asks for huge pages
     (arkinfer/huge_pages.py), plus any `extra` fields (e.g. threads)."""
     import torch
-
-    from arkinfer.huge_pages import status
 
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "huge_page_malloc": status()["on"], **extra}
