@@ -88,10 +88,13 @@ def _own_process_rate(art: Path, prompt: list[int], steps: int, threads: int, le
 
 
 def _round_robin(timers: dict, reps: int) -> dict[str, list[float]]:
-    """name -> `reps` rates; one warm-up round first, then the runtimes take turns."""
+    """name -> `reps` rates; one warm-up round first, then the runtimes take turns, in reverse
+    order every other round (no runtime always runs right after the same neighbour, whose
+    threads may still be spinning or whose process just exited)."""
     rates: dict[str, list[float]] = {name: [] for name in timers}
     for rep in range(reps + 1):
-        for name, timer in timers.items():
+        order = list(timers.items())
+        for name, timer in (order if rep % 2 else order[::-1]):
             rate = timer()
             if rep:
                 rates[name].append(rate)
@@ -216,6 +219,7 @@ def run(threads: int, steps: int, reps: int, prompt_len: int, accuracy_level: in
                               "(lm_head too) -> com.microsoft.MatMulNBits + fused contrib ops",
                               accuracy_level=accuracy_level, fused=onnx_runner.fused,
                               packed_qkv=onnx_runner.packed_qkv,
+                              packed_siblings=onnx_runner.packed_siblings,
                               shared_kv=onnx_runner.shared_kv is not None,
                               version=ort_version(), load_s=load_s),
         "llama_cpp": _entry(rates["llama_cpp"],

@@ -1,5 +1,5 @@
 """The host runner's graph: the artifact's model.onnx with onnxruntime's fast ops swapped in
-(contrib.py, contrib_fused.py, contrib_qkv.py, kv_shared.py), rewritten once per artifact and
+(contrib.py, contrib_fused.py, contrib_pack.py, kv_shared.py), rewritten once per artifact and
 runner setting and saved in ArkInfer's cache, so a later load is a session from a file
 
     <cache>/onnx-host/<key>/model.onnx, model.onnx.data   the rewritten graph
@@ -34,13 +34,13 @@ import onnx
 
 from arkinfer.frontend.cache import cache_dir_path, content_key, locked
 
-from . import contrib, contrib_fused, contrib_qkv, kv_shared
+from . import contrib, contrib_fused, contrib_pack, kv_shared
 
 REWRITE_FILE = "rewrite.json"
 _ENTRY_FILES = ("model.onnx", "model.onnx.data", REWRITE_FILE)
 MAX_POSITIONS_KEY = "arkinfer.max_positions"  # metadata: rows of the rope caches GQA reads
 DEFAULT_MAX_POSITIONS = 8192  # for a graph without that key
-_MODULES = (contrib, contrib_fused, contrib_qkv, kv_shared)
+_MODULES = (contrib, contrib_fused, contrib_pack, kv_shared)
 
 
 @dataclasses.dataclass
@@ -53,6 +53,7 @@ class HostGraph:
     notes: list[str] = dataclasses.field(default_factory=list)   # nodes kept, cache problems
     fused: dict[str, int] = dataclasses.field(default_factory=dict)  # functions -> contrib ops
     packed_qkv: int = 0                # attentions whose q/k/v MatMulNBits became one
+    packed_siblings: int = 0           # other MatMulNBits groups on one input (gate + up) packed
     max_positions: int | None = None   # rows of GroupQueryAttention's cos/sin caches
     shared_kv: bool = False            # KV in bound buffers GQA updates in place (kv_shared.py)
 
@@ -71,7 +72,8 @@ def rewrite(model: onnx.ModelProto, ops: str, accuracy_level: int) -> dict:
         info["max_positions"] = int(props.get(MAX_POSITIONS_KEY, DEFAULT_MAX_POSITIONS))
         info["fused"], fused_notes = contrib_fused.use_fused_ops(model, info["max_positions"])
         info["notes"] = notes + fused_notes
-        info["packed_qkv"] = contrib_qkv.pack_qkv(model)
+        info["packed_qkv"] = contrib_pack.pack_qkv(model)
+        info["packed_siblings"] = contrib_pack.pack_siblings(model)
         info["shared_kv"] = kv_shared.shareable(model)
     return info
 

@@ -10,7 +10,9 @@ ops="function" runs every arkinfer-domain node through its ONNX function body (w
 runtime does); ops="contrib" first swaps the quantised linears for com.microsoft.MatMulNBits
 (contrib.py) and RMSNorm / SkipRMSNorm / RotaryGQA for SimplifiedLayerNormalization /
 SkipSimplifiedLayerNormalization / GroupQueryAttention (contrib_fused.py), then packs each
-attention's q/k/v MatMulNBits into one (contrib_qkv.py); ops="nbits" swaps the linears only.
+attention's q/k/v MatMulNBits into one, and every other group of MatMulNBits on the same
+activations (an MLP's gate and up) into one plus a Split (contrib_pack.py); ops="nbits" swaps
+the linears only.
 All compute the same weights; tests check they agree. The rewritten graph is saved in ArkInfer's
 cache on the first load and read from there afterwards (host_graph.py; cache=False: in memory).
 """
@@ -61,12 +63,14 @@ class OnnxRunner(StepRunner):
             opts.inter_op_num_threads = 1
         self.ops, self.notes, self.fused, self.max_positions = ops, [], {}, None
         self.packed_qkv = 0  # attentions whose q/k/v MatMulNBits were packed into one
+        self.packed_siblings = 0  # other MatMulNBits groups on one input (gate + up) packed
         self.shared_kv: SharedKV | None = None
         self.graph_file: Path | None = None   # the cached rewritten graph the session reads
         if ops in ("contrib", "nbits"):
             graph = host_graph(path, ops, accuracy_level, cache=cache)
             self.replaced, self.notes, self.fused = graph.replaced, graph.notes, graph.fused
             self.max_positions, self.packed_qkv = graph.max_positions, graph.packed_qkv
+            self.packed_siblings = graph.packed_siblings
             self.graph_file = graph.path
             self.session = ort.InferenceSession(graph.session_source(), opts,
                                                 providers=["CPUExecutionProvider"])

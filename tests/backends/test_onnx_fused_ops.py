@@ -113,12 +113,43 @@ def test_fused_llama_equals_function_bodies(llama, prompt):
 
 def test_int4_llama_packs_qkv_and_equals_function_bodies(llama_int4):
     """MatMulNBits (accuracy_level 0) with q/k/v packed into one node feeding GQA's packed
-    query, zero points concatenated with their rows: the function-body graph's numbers."""
+    query and gate/up packed into one node and a Split, zero points concatenated with their
+    rows: the function-body graph's numbers."""
     runner = BACKEND.load(llama_int4, ops="contrib", threads=1)
-    assert runner.packed_qkv == 2 and runner.replaced == 14 and not runner.notes
+    assert runner.packed_qkv == 2 and runner.packed_siblings == 2 and runner.replaced == 14
+    assert not runner.notes
     diff, top1 = _compare(llama_int4, _ids(26, seed=11), 20)
     print(f"tiny llama int4 g32, 20 + 6 decode steps: max abs diff {diff:.2e}, top-1 {top1}")
     assert diff < 1e-4 and top1 == 1.0
+
+
+@pytest.mark.parametrize("level", [0, 4])
+def test_packed_gate_up_is_bit_identical_to_two_projections(llama_int4, monkeypatch, level):
+    """Packing gate and up (rows concatenated, a Split after) changes no bit of the logits, with
+    fp32 (level 0) or int8 (level 4) activations: the same graph rewritten without the packing
+    is the independent reference."""
+    from arkinfer.backends.onnx import contrib_pack
+    from arkinfer.backends.onnx.host_graph import rewrite
+
+    def session(pack: bool):
+        model = onnx.load(str(llama_int4 / "model.onnx"))
+        if not pack:
+            monkeypatch.setattr(contrib_pack, "pack_siblings", lambda m: 0)
+        info = rewrite(model, "contrib", level)
+        monkeypatch.undo()
+        ops = [n.op_type for n in model.graph.node]
+        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]), \
+            info, ops
+
+    packed, info, ops = session(True)
+    plain, plain_info, plain_ops = session(False)
+    assert info["packed_siblings"] == 2 and plain_info["packed_siblings"] == 0
+    assert ops.count("MatMulNBits") == plain_ops.count("MatMulNBits") - 2 and ops.count("Split") == 2
+    feeds = {"tokens": np.array([_ids(9, seed=3)], np.int64), "positions": np.arange(9, dtype=np.int64)}
+    for i in packed.get_inputs():
+        if i.name.startswith("past."):
+            feeds[i.name] = np.zeros([0 if isinstance(d, str) else d for d in i.shape], np.float32)
+    np.testing.assert_array_equal(packed.run(None, feeds)[0], plain.run(None, feeds)[0])
 
 
 def test_fused_llama_matches_reference_and_decode_equals_prefill(llama):

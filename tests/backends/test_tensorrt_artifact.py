@@ -158,6 +158,7 @@ def test_contrib_path_equals_function_path(artifacts):
         fast = BACKEND.load(artifacts[fmt][0], ops="contrib", threads=1)
         slow = BACKEND.load(artifacts[fmt][0], ops="function", threads=1)
         assert fast.replaced == 28 and slow.replaced == 0 and not fast.notes
+        assert fast.packed_siblings == 8  # per layer q/k/v (InfLLM v2 reads them) and gate/up
         ids = fast.tokenize(PROMPTS[0])
         torch.testing.assert_close(fast.window_logits(ids), slow.window_logits(ids),
                                    atol=1e-4, rtol=1e-4)
