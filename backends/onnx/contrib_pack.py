@@ -32,17 +32,21 @@ from .contrib import MS_DOMAIN, attr, keep_read_initializers, readers
 _SAME = ("K", "bits", "block_size", "accuracy_level")
 
 
+def _plain_nbits(node: onnx.NodeProto | None, inits: dict) -> bool:
+    """A MatMulNBits node whose weights are initializers, with no bias or g_idx input."""
+    return (node is not None and node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN
+            and len(node.input) <= 4 and all(i in inits for i in node.input[1:]))
+
+
+def _group_key(node: onnx.NodeProto) -> tuple:
+    """Nodes with equal keys read the same activations with the same attributes and slots."""
+    return (node.input[0], len(node.input), *(attr(node, a) for a in _SAME))
+
+
 def _packable(nodes: list[onnx.NodeProto | None], inits: dict) -> bool:
-    """Plain MatMulNBits nodes (weights in initializers, no bias or g_idx) with one input and
-    the same attributes and input slots."""
-    if len(nodes) < 2 or any(n is None or n.op_type != "MatMulNBits" or n.domain != MS_DOMAIN
-                             or len(n.input) > 4 for n in nodes):
-        return False
-    if not all(i in inits for n in nodes for i in n.input[1:]):
-        return False
-    if len({n.input[0] for n in nodes}) != 1 or len({len(n.input) for n in nodes}) != 1:
-        return False
-    return all(len({attr(n, a) for n in nodes}) == 1 for a in _SAME)
+    """Two or more plain MatMulNBits nodes that can become one."""
+    return len(nodes) >= 2 and all(_plain_nbits(n, inits) for n in nodes) and \
+        len({_group_key(n) for n in nodes}) == 1
 
 
 def _packed(mms: list[onnx.NodeProto], name: str, inits: dict) -> tuple[onnx.NodeProto, list]:
@@ -102,9 +106,8 @@ def pack_siblings(model: onnx.ModelProto) -> int:
     inits = {t.name: t for t in model.graph.initializer}
     groups: dict[tuple, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
-        if _packable([node, node], inits):
-            key = (node.input[0], len(node.input), *(attr(node, a) for a in _SAME))
-            groups.setdefault(key, []).append(node)
+        if _plain_nbits(node, inits):
+            groups.setdefault(_group_key(node), []).append(node)
     replace, dropped, new_inits = {}, set(), []
     for mms in groups.values():
         if len(mms) < 2:
