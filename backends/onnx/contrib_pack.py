@@ -65,12 +65,15 @@ def _packed(mms: list[onnx.NodeProto], name: str, inits: dict) -> tuple[onnx.Nod
 
 def _replace_nodes(model: onnx.ModelProto, replace: dict[str, list], dropped: set[str],
                    new_inits: list) -> None:
-    """Put each `replace[name]` where node `name` was, drop `dropped`, keep the read weights."""
+    """Put `replace[out]` where the node whose first output is `out` was, drop the nodes whose
+    first output is in `dropped`, keep the read weights. Nodes are named by their first output:
+    outputs are unique in a graph, node names need not be."""
     keep = []
     for node in model.graph.node:
-        if node.name in replace:
-            keep.extend(replace[node.name])
-        elif node.name not in dropped:
+        out = node.output[0] if node.output else None
+        if out in replace:
+            keep.extend(replace[out])
+        elif out not in dropped:
             keep.append(node)
     del model.graph.node[:]
     model.graph.node.extend(keep)
@@ -89,10 +92,10 @@ def pack_qkv(model: onnx.ModelProto) -> int:
         mms = [producer.get(i) for i in gqa.input[:3]]
         if not _packable(mms, inits) or any(users.get(m.output[0]) != 1 for m in mms):
             continue
-        node, tensors = _packed(mms, f"{gqa.name}/qkv", inits)
+        node, tensors = _packed(mms, f"{gqa.name or gqa.output[0]}/qkv", inits)
         new_inits += tensors
-        replace[mms[0].name] = [node]           # the q projection's slot, before the GQA
-        dropped.update(m.name for m in mms[1:])
+        replace[mms[0].output[0]] = [node]      # the q projection's slot, before the GQA
+        dropped.update(m.output[0] for m in mms[1:])
         gqa.input[0], gqa.input[1], gqa.input[2] = node.output[0], "", ""
     if replace:
         _replace_nodes(model, replace, dropped, new_inits)
@@ -112,15 +115,15 @@ def pack_siblings(model: onnx.ModelProto) -> int:
     for mms in groups.values():
         if len(mms) < 2:
             continue
-        name = f"{mms[0].name}/packed"
+        name = f"{mms[0].name or mms[0].output[0]}/packed"
         node, tensors = _packed(mms, name, inits)
         sizes = numpy_helper.from_array(np.array([int(attr(m, "N")) for m in mms], np.int64),
                                         f"{name}/sizes")
         split = helper.make_node("Split", [node.output[0], sizes.name],
                                  [m.output[0] for m in mms], name=f"{name}/split", axis=-1)
         new_inits += [*tensors, sizes]
-        replace[mms[0].name] = [node, split]
-        dropped.update(m.name for m in mms[1:])
+        replace[mms[0].output[0]] = [node, split]
+        dropped.update(m.output[0] for m in mms[1:])
     if replace:
         _replace_nodes(model, replace, dropped, new_inits)
     return len(replace)

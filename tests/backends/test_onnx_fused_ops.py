@@ -152,6 +152,32 @@ def test_packed_gate_up_is_bit_identical_to_two_projections(llama_int4, monkeypa
     np.testing.assert_array_equal(packed.run(None, feeds)[0], plain.run(None, feeds)[0])
 
 
+def test_packing_does_not_need_node_names(llama_int4):
+    """ONNX node names are optional: a graph whose nodes have none packs the same projections
+    (nodes are told apart by their outputs) and computes the same logits."""
+    from arkinfer.backends.onnx.host_graph import rewrite
+
+    def run(strip: bool):
+        model = onnx.load(str(llama_int4 / "model.onnx"))
+        if strip:
+            for node in model.graph.node:
+                node.name = ""
+        info = rewrite(model, "contrib", 0)
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = {"tokens": np.array([_ids(5, seed=4)], np.int64),
+                 "positions": np.arange(5, dtype=np.int64)}
+        for i in sess.get_inputs():
+            if i.name.startswith("past."):
+                feeds[i.name] = np.zeros([0 if isinstance(d, str) else d for d in i.shape],
+                                         np.float32)
+        return info, sess.run(None, feeds)[0]
+
+    (named, a), (unnamed, b) = run(False), run(True)
+    assert (unnamed["packed_qkv"], unnamed["packed_siblings"]) == (2, 2)
+    assert (named["packed_qkv"], named["packed_siblings"]) == (2, 2)
+    np.testing.assert_array_equal(a, b)
+
+
 def test_fused_llama_matches_reference_and_decode_equals_prefill(llama):
     from arkinfer.pipeline.reference_runner import ReferenceRunner
 
