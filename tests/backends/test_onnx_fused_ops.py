@@ -123,56 +123,51 @@ def test_int4_llama_packs_qkv_and_equals_function_bodies(llama_int4):
     assert diff < 1e-4 and top1 == 1.0
 
 
+def _rewritten_prefill(artifact: Path, level: int, ids: list[int], edit=None):
+    """(rewrite info, op types, logits [1, T, V]) of the host rewrite of `artifact`'s graph
+    (after `edit(model)`, if given), prefilling `ids` from an empty cache in one plain run."""
+    from arkinfer.backends.onnx.host_graph import rewrite
+
+    model = onnx.load(str(artifact / "model.onnx"))
+    if edit is not None:
+        edit(model)
+    info = rewrite(model, "contrib", level)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"tokens": np.array([ids], np.int64), "positions": np.arange(len(ids), dtype=np.int64)}
+    for i in sess.get_inputs():
+        if i.name.startswith("past."):
+            feeds[i.name] = np.zeros([0 if isinstance(d, str) else d for d in i.shape], np.float32)
+    return info, [n.op_type for n in model.graph.node], sess.run(None, feeds)[0]
+
+
 @pytest.mark.parametrize("level", [0, 4])
 def test_packed_gate_up_is_bit_identical_to_two_projections(llama_int4, monkeypatch, level):
     """Packing gate and up (rows concatenated, a Split after) changes no bit of the logits, with
     fp32 (level 0) or int8 (level 4) activations: the same graph rewritten without the packing
     is the independent reference."""
     from arkinfer.backends.onnx import contrib_pack
-    from arkinfer.backends.onnx.host_graph import rewrite
 
-    def session(pack: bool):
-        model = onnx.load(str(llama_int4 / "model.onnx"))
-        if not pack:
-            monkeypatch.setattr(contrib_pack, "pack_siblings", lambda m: 0)
-        info = rewrite(model, "contrib", level)
-        monkeypatch.undo()
-        ops = [n.op_type for n in model.graph.node]
-        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]), \
-            info, ops
-
-    packed, info, ops = session(True)
-    plain, plain_info, plain_ops = session(False)
+    ids = _ids(9, seed=3)
+    info, ops, packed = _rewritten_prefill(llama_int4, level, ids)
+    with monkeypatch.context() as m:
+        m.setattr(contrib_pack, "pack_siblings", lambda model: 0)
+        plain_info, plain_ops, plain = _rewritten_prefill(llama_int4, level, ids)
     assert info["packed_siblings"] == 2 and plain_info["packed_siblings"] == 0
     assert ops.count("MatMulNBits") == plain_ops.count("MatMulNBits") - 2 and ops.count("Split") == 2
-    feeds = {"tokens": np.array([_ids(9, seed=3)], np.int64), "positions": np.arange(9, dtype=np.int64)}
-    for i in packed.get_inputs():
-        if i.name.startswith("past."):
-            feeds[i.name] = np.zeros([0 if isinstance(d, str) else d for d in i.shape], np.float32)
-    np.testing.assert_array_equal(packed.run(None, feeds)[0], plain.run(None, feeds)[0])
+    np.testing.assert_array_equal(packed, plain)
+
+
+def _strip_node_names(model) -> None:
+    for node in model.graph.node:
+        node.name = ""
 
 
 def test_packing_does_not_need_node_names(llama_int4):
     """ONNX node names are optional: a graph whose nodes have none packs the same projections
     (nodes are told apart by their outputs) and computes the same logits."""
-    from arkinfer.backends.onnx.host_graph import rewrite
-
-    def run(strip: bool):
-        model = onnx.load(str(llama_int4 / "model.onnx"))
-        if strip:
-            for node in model.graph.node:
-                node.name = ""
-        info = rewrite(model, "contrib", 0)
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        feeds = {"tokens": np.array([_ids(5, seed=4)], np.int64),
-                 "positions": np.arange(5, dtype=np.int64)}
-        for i in sess.get_inputs():
-            if i.name.startswith("past."):
-                feeds[i.name] = np.zeros([0 if isinstance(d, str) else d for d in i.shape],
-                                         np.float32)
-        return info, sess.run(None, feeds)[0]
-
-    (named, a), (unnamed, b) = run(False), run(True)
+    ids = _ids(5, seed=4)
+    named, _, a = _rewritten_prefill(llama_int4, 0, ids)
+    unnamed, _, b = _rewritten_prefill(llama_int4, 0, ids, edit=_strip_node_names)
     assert (unnamed["packed_qkv"], unnamed["packed_siblings"]) == (2, 2)
     assert (named["packed_qkv"], named["packed_siblings"]) == (2, 2)
     np.testing.assert_array_equal(a, b)

@@ -342,7 +342,10 @@ ARK_ZMM static void scores_tile_zmm(const float *qT, int64_t qs, int64_t D, cons
 }
 
 /* As scores_tile with 5..8 heads (NV = 1), compiled for AVX-512 so that 16 rows per pass fit the
- * 32 vector registers: 16 independent FMA chains instead of 8 (see scores_tile_zmm). */
+ * 32 vector registers: 16 independent FMA chains instead of 8 (see scores_tile_zmm). It stays a
+ * ymm twin of scores_tile_zmm on purpose: that tile with 8 lanes masked gives the same bits but
+ * ran group 8 (fp32, caches warm) 3-9 % slower here, and equal from DRAM (session 16, runs
+ * alternated). */
 ARK_ZMM ARK_INLINE void scores_tile8_zmm_ld(const float *qT, int64_t qs, int64_t D, const float *k,
                                             int64_t ld, int64_t n, float *s, int64_t ns,
                                             int64_t heads, ark_pf *pf) {
