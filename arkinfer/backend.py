@@ -42,9 +42,13 @@ imports a backend SDK.
         # llama-quantize writes): build then skips its quantise stage, passes the float
         # checkpoint as model_dir, and takes the manifest's quant figures from LowerResult.quant
     fidelity_top1: float                       # default 0.99
+    options: Mapping[str, BackendOption]      # every `--option KEY=VALUE` the backend takes:
+        # KEY -> what it does and, for a fixed set, the allowed values. Default {} (none).
+        # `check_backend_options` (plan time, before any work) refuses an unknown or empty KEY
+        # and a value outside `choices`, naming the declared keys and a valid example.
     check_options(options) -> None
-        # raise ArkError for a `--option KEY=VALUE` the backend does not take (unknown key or
-        # value), at plan time, before any weight is read. Default: accept all.
+        # raise ArkError for a value `options` cannot declare (a number, a list), at plan time,
+        # after the declared keys and choices passed. Default: nothing more to check.
 
 A `Runner` (below) serves verify, eval and bench; `RunnerBase` supplies `attention_modes = ()`
 (the runner cannot switch between dense and sparse attention) and a refusing `set_attention`.
@@ -60,17 +64,43 @@ GGUF's does not read it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from arkinfer.errors import NotAvailableError
+from arkinfer.errors import ArkError, NotAvailableError
 
 GROUP = "arkinfer.backends"
+
+
+@dataclass(frozen=True)
+class BackendOption:
+    """One `--option KEY=VALUE` a backend takes (the backend's `options` maps KEY to this).
+
+    help: what the value changes, in a few words.
+    choices: the allowed values; empty for a free value (a number, a list) that the backend's
+        `check_options` checks.
+    example: a valid value for hints (default: the first choice).
+    ignore_case: the backend reads the value lower-cased, so `Q8_0` counts as `q8_0`.
+    """
+
+    help: str
+    choices: tuple[str, ...] = ()
+    example: str = ""
+    ignore_case: bool = False
+
+    def example_value(self) -> str:
+        return self.example or (self.choices[0] if self.choices else "VALUE")
+
+    def describe(self, key: str) -> str:
+        """`key=a|b|c (help)`, or `key=EXAMPLE (help)` for a free value."""
+        return f"{key}={'|'.join(self.choices) or self.example_value()} ({self.help})"
 
 
 @dataclass
@@ -205,6 +235,7 @@ class Backend(Protocol):
     ir_passes: tuple[str, ...]
     lowers_from_ir: bool
     fidelity_top1: float
+    options: Mapping[str, BackendOption]
 
     def available(self) -> bool:
         """True when every toolchain this backend needs on this machine is importable."""
@@ -230,7 +261,7 @@ class Backend(Protocol):
         """True when lower() quantises this (weight-only) recipe from the float source itself."""
 
     def check_options(self, options: dict[str, str]) -> None:
-        """Raise ArkError for a --option this backend does not take (plan time)."""
+        """Raise ArkError for a declared --option's free value this backend cannot take."""
 
 
 class BackendBase:
@@ -240,6 +271,7 @@ class BackendBase:
     ir_passes: tuple[str, ...] = ()
     lowers_from_ir: bool = True
     fidelity_top1: float = 0.99
+    options: Mapping[str, BackendOption] = MappingProxyType({})
 
     def preflight(self, raw_config: dict[str, Any], recipe: Any, target: Any,
                   dtype: str) -> list[str]:
@@ -265,6 +297,57 @@ class BackendBase:
         raise NotAvailableError(f"backend {self.name!r} has no remote bench (--rpc)",
                                 hint="--rpc times tvm artifacts (arkinfer build MODEL --target "
                                 "android) on a TVM RPC server; bench this artifact without --rpc")
+
+
+def _options_hint(backend: Backend, key: str | None = None) -> str:
+    """The keys `backend` declares and one valid `--option` (of `key` when it is declared)."""
+    declared = backend.options
+    if not declared:
+        return f"backend {backend.name!r} takes no --option; drop it"
+    key = key if key in declared else next(iter(declared))
+    keys = "; ".join(spec.describe(k) for k, spec in declared.items())
+    return f"{backend.name} options: {keys}; e.g. --option {key}={declared[key].example_value()}"
+
+
+def check_backend_options(backend: Backend,
+                          given: Mapping[str, str] | Iterable[str] | None) -> dict[str, str]:
+    """The `--option`s for `backend` as {KEY: VALUE}, checked against what it declares (plan time).
+
+    `given` is a mapping, or the CLI's `KEY=VALUE` strings (KEY up to the first `=`; a later item
+    with the same KEY wins). Raises ArkError for an item without `=`, an empty or undeclared KEY
+    (naming the closest declared one) and a value outside the key's `choices`; every hint lists
+    the declared keys with a valid example. Then `backend.check_options` checks free values."""
+    if given is None:
+        options: dict[str, str] = {}
+    elif isinstance(given, Mapping):
+        options = {str(k): str(v) for k, v in given.items()}
+    else:
+        options = {}
+        for item in given:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ArkError(f"--option {item!r} is not KEY=VALUE", hint=_options_hint(backend))
+            options[key] = value
+    declared = backend.options
+    for key, value in options.items():
+        if not key.strip():
+            raise ArkError(f"--option {key}={value!r} has an empty KEY",
+                           hint=_options_hint(backend))
+    unknown = [key for key in options if key not in declared]
+    if unknown:
+        lower = {k.lower(): k for k in declared}
+        close = [lower[m] for m in difflib.get_close_matches(unknown[0].lower(), list(lower), n=1)]
+        known = f"it takes {', '.join(declared)}" if declared else "it takes none"
+        raise ArkError(f"unknown {backend.name} option(s) {unknown}: {known}"
+                       + (f" (did you mean {close[0]!r}?)" if close else ""),
+                       hint=_options_hint(backend, close[0] if close else None))
+    for key, value in options.items():
+        spec = declared[key]
+        if spec.choices and (value.lower() if spec.ignore_case else value) not in spec.choices:
+            raise ArkError(f"--option {key}={value!r} is not a {backend.name} choice (allowed "
+                           f"{', '.join(spec.choices)})", hint=_options_hint(backend, key))
+    backend.check_options(options)
+    return options
 
 
 @dataclass(frozen=True)
@@ -294,7 +377,7 @@ def get_backend(name: str) -> Backend:
     if not isinstance(backend, Backend):
         missing = [m for m in ("name", "ir_passes", "lowers_from_ir", "fidelity_top1", "available",
                                "install_hint", "preflight", "lower", "load", "reference_weights",
-                               "quantizes_in_lower")
+                               "quantizes_in_lower", "check_options", "options")
                    if not hasattr(backend, m)]
         raise NotAvailableError(f"entry point {eps[name].value!r} of backend {name!r} does not "
                                 f"implement the Backend contract (missing: {', '.join(missing)})",

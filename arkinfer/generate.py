@@ -3,15 +3,15 @@
 A "model" here is anything with `forward(ids [B, T], positions [T], cache) -> (logits [B, T, V],
 cache)` and `empty_cache(batch)`: the PyTorch reference models today, backend Runners later.
 
-Non-finite logits are errors, never output: every forward's logits get one `isfinite` check, and
-only when it fails is the same call re-run with a hook on every module to name the first module
-whose output holds NaN or inf (`NonFiniteError`).
+Non-finite values are errors, never output: every forward call of a reference model (prefill of
+any length, each decode step) checks its RoPE tables, every module's output and the logits, and
+names the first module whose output holds NaN or inf (`NonFiniteError`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -49,46 +49,80 @@ def require_finite(logits: Tensor, where: str) -> None:
                              "artifact from a checkpoint whose `arkinfer run` output is finite")
 
 
-@torch.no_grad()
-def first_nonfinite_module(model: nn.Module, *args) -> str | None:
-    """Re-run `model(*args)` with a forward hook on every submodule; the name of the first one to
-    finish with a NaN/inf output (inner modules finish before their parents, so this is the most
-    specific module, e.g. "model.layers.3.mlp.down_proj"), or None when only the final logits
-    are."""
-    found: list[str] = []
+class _NonFiniteWatch:
+    """Forward hooks on every submodule of `model` that record the first one to finish with a
+    NaN/inf floating output (inner modules finish before their parents, so this is the most
+    specific module, e.g. "model.layers.3.mlp.down_proj"), with the counts of that output.
 
-    def hook_for(name: str):
+    The logits alone are not enough: torch's fused CPU attention returns finite outputs for
+    queries/keys holding NaN on short sequences (under 16 tokens), so a NaN in q_proj's output
+    can vanish before the logits. One `isfinite` per module output costs well under a
+    millisecond per forward."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.module, self.counts, self._handles = model, None, "", []
+
+    def __enter__(self) -> _NonFiniteWatch:
+        for name, module in self.model.named_modules():
+            if name:
+                self._handles.append(module.register_forward_hook(self._hook_for(name)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _hook_for(self, name: str):
         def hook(_module, _inputs, output) -> None:
             out = output[0] if isinstance(output, tuple) else output
-            if not found and isinstance(out, Tensor) and out.is_floating_point() \
+            if self.module is None and isinstance(out, Tensor) and out.is_floating_point() \
                     and not bool(torch.isfinite(out).all()):
-                found.append(name)
+                self.module, self.counts = name, _nonfinite_counts(out)
         return hook
 
-    handles = [m.register_forward_hook(hook_for(name)) for name, m in model.named_modules() if name]
-    try:
-        model(*args)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return found[0] if found else None
+
+def _rope_problem(model, positions: Tensor) -> str | None:
+    """Why the model's RoPE tables for `positions` are not finite (its first attention module
+    and the positions), or None; None for a model without `rope_is_finite`. The tables come from
+    config values only (rope_theta, rope_scaling), never from the weights."""
+    check = getattr(model, "rope_is_finite", None)
+    if check is None or positions.numel() == 0 or check(positions):
+        return None
+    first = next((name for name, m in model.named_modules() if name.endswith("self_attn")),
+                 "the first attention layer")
+    return (f"the first non-finite values appear in {first}: its RoPE tables (cos/sin of position "
+            f"x frequency) for positions {int(positions.min())}..{int(positions.max())} are not "
+            "finite")
+
+
+_HINT = ("the checkpoint's weights (or config values such as rms_norm_eps, rope_theta, "
+         "rope_scaling or the scales) hold NaN/inf or overflow; re-download or re-convert the "
+         "checkpoint")
 
 
 def forward_checked(model, ids: Tensor, positions: Tensor, cache, where: str = "the model"):
-    """`model(ids, positions, cache)`, raising NonFiniteError naming the first module with NaN/inf
-    output when the logits are not all finite (the module search runs only then)."""
-    logits, new_cache = model(ids, positions, cache)
-    if bool(torch.isfinite(logits).all()):
+    """`model(ids, positions, cache)`, raising NonFiniteError when any value of the call is NaN or
+    inf: on every call, prefill of any length and each decode step, the RoPE tables, every
+    submodule's output and the logits are checked, and the error names the first module whose
+    output holds NaN/inf (a non-module model: the logits only)."""
+    if not isinstance(model, nn.Module):
+        logits, new_cache = model(ids, positions, cache)
+        require_finite(logits, where)
         return logits, new_cache
-    module = first_nonfinite_module(model, ids, positions, cache) \
-        if isinstance(model, nn.Module) else None
-    origin = (f"the first non-finite values come out of {module}" if module else
+    if (rope := _rope_problem(model, positions)) is not None:
+        raise NonFiniteError(f"{where} would produce non-finite values; {rope}", hint=_HINT)
+    with _NonFiniteWatch(model) as watch:
+        logits, new_cache = model(ids, positions, cache)
+    if bool(torch.isfinite(logits).all()) and watch.module is None:
+        return logits, new_cache
+    if bool(torch.isfinite(logits).all()):  # hidden on the way (see _NonFiniteWatch)
+        raise NonFiniteError(f"{where} produced non-finite values inside the model "
+                             f"({watch.counts}); the first non-finite values come out of "
+                             f"{watch.module}", hint=_HINT)
+    origin = (f"the first non-finite values come out of {watch.module}" if watch.module else
               "the last module's outputs are finite: the final logit scaling overflows")
     raise NonFiniteError(f"{where} produced non-finite logits ({_nonfinite_counts(logits)}); "
-                         f"{origin}",
-                         hint="the checkpoint's weights (or config values such as rms_norm_eps "
-                         "or the scales) hold NaN/inf or overflow; re-download or re-convert the "
-                         "checkpoint")
+                         f"{origin}", hint=_HINT)
 
 
 def sample_next(logits: Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int:
@@ -162,16 +196,55 @@ def window_bytes(vocab_size: int, kv_bytes_per_token: int) -> int:
     return 20 * vocab_size + kv_bytes_per_token
 
 
+def check_windows(ctx: int, max_windows: int | None = None) -> None:
+    """Raise unless `ctx` is at least 2 tokens and `max_windows` (None: all) at least 1."""
+    if ctx < 2:
+        raise ArkError(f"--ctx {ctx} is too small", hint="use a context of at least 2 tokens")
+    if max_windows is not None and max_windows < 1:
+        raise ArkError(f"--max-windows {max_windows} is not a number of windows (>= 1)",
+                       hint="pass --max-windows 1 or more, or leave it out to score every window")
+
+
+def _too_short(count: int) -> ArkError:
+    return ArkError(f"the text has only {count} token(s)", hint="give a longer text")
+
+
 def windows_of(ids: list[int], ctx: int) -> list[list[int]]:
     """Consecutive non-overlapping windows of `ctx` tokens; a trailing partial window is dropped
     (one shorter window when the whole text is under ctx), the same chunking as llama-perplexity."""
-    if ctx < 2:
-        raise ArkError(f"--ctx {ctx} is too small", hint="use a context of at least 2 tokens")
+    check_windows(ctx)
     if len(ids) < 2:
-        raise ArkError(f"the text has only {len(ids)} token(s)", hint="give a longer text")
+        raise _too_short(len(ids))
     if len(ids) < ctx:
         return [ids]
     return [ids[i:i + ctx] for i in range(0, len(ids) - ctx + 1, ctx)]
+
+
+def stream_windows(pieces: Iterable[list[int]], ctx: int,
+                   max_windows: int | None = None) -> Iterator[list[int]]:
+    """`windows_of` over ids that arrive in pieces (`arkinfer.text_pieces`), at most
+    `max_windows` of them: each window is yielded once full, so only about one window and one
+    piece are held at a time, and no piece is read after the last window needed."""
+    check_windows(ctx, max_windows)
+
+    def windows() -> Iterator[list[int]]:
+        buf: list[int] = []
+        count = 0
+        for piece in pieces:
+            buf.extend(piece)
+            full = len(buf) // ctx
+            for i in range(full):
+                yield buf[i * ctx:(i + 1) * ctx]
+                count += 1
+                if count == max_windows:
+                    return
+            del buf[:full * ctx]
+        if count == 0:  # a text shorter than one window is one shorter window
+            if len(buf) < 2:
+                raise _too_short(len(buf))
+            yield buf
+
+    return windows()
 
 
 @torch.no_grad()
@@ -182,15 +255,28 @@ def perplexity(logits_fn: Callable[[list[int]], Tensor], ids: list[int], ctx: in
     token of a window scored except its first. `logits_fn(window) -> [T, V]`; NaN/inf logits
     raise NonFiniteError naming `where` and the window."""
     windows = windows_of(ids, ctx)
-    total_nll, total = 0.0, 0
-    for i, window in enumerate(windows):
+    return windows_perplexity(logits_fn, windows, ctx, progress, where, total=len(windows))
+
+
+@torch.no_grad()
+def windows_perplexity(logits_fn: Callable[[list[int]], Tensor], windows: Iterable[list[int]],
+                       ctx: int, progress: Callable[[int, int | None], None] | None = None,
+                       where: str = "the model", total: int | None = None) -> Perplexity:
+    """`perplexity` over windows already cut (`windows_of`, or `stream_windows` for a text read
+    piece by piece); `total`: how many there are when known (for `progress` and messages)."""
+    total_nll, scored, count = 0.0, 0, 0
+    of = f" of {total}" if total is not None else ""
+    for window in windows:
+        count += 1
         logits = logits_fn(window)
-        require_finite(logits, f"{where} (window {i + 1} of {len(windows)})")
-        nll, count = window_nll(logits, torch.tensor(window))
-        total_nll, total = total_nll + nll, total + count
+        require_finite(logits, f"{where} (window {count}{of})")
+        nll, n = window_nll(logits, torch.tensor(window))
+        total_nll, scored = total_nll + nll, scored + n
         if progress:
-            progress(i + 1, len(windows))
-    return Perplexity(exp_nll(total_nll / total), total, len(windows), ctx)
+            progress(count, total)
+    if not count:
+        raise ArkError("there is no window to score", hint="give a longer text")
+    return Perplexity(exp_nll(total_nll / scored), scored, count, ctx)
 
 
 def model_logits_fn(model, where: str = "the model") -> Callable[[list[int]], Tensor]:

@@ -1,15 +1,18 @@
 """Calibration data: which token sequences the calibrators see, chosen deterministically.
 
-Default text: `arkinfer/data/corpus_train.txt`, short plain-English essays written for this
-project by its contributors (no copied text; Apache-2.0 like ArkInfer; see arkinfer/data/README.md).
-It is the training text of the demo model and is never used for evaluation:
-`arkinfer/data/corpus_eval.txt` is held out for perplexity.
+Default text: the built-in multi-domain corpus (`quant.calib_corpus`: prose, chat, code,
+technical, legal, math, Chinese; every file written for ArkInfer or under a licence recorded in
+arkinfer/data/calib/README.md). `--calib prose` is the old default, corpus_train.txt alone (the
+demo model's training text); `--calib FILE` one file; `--calib DIR` one domain per file.
+None of it is evaluation text: perplexity is measured on held-out text (benchmarks/data/heldout/,
+arkinfer/data/corpus_eval.txt).
 
-A `--calib FILE` is plain UTF-8 text, or JSON Lines (`.jsonl`) with a "text" field per record.
-The texts are tokenised (no special tokens) and joined, separated by the tokenizer's EOS token
-when it has one, into one token stream; `samples` windows of `seq_len` tokens start at offsets
-drawn with `torch.Generator().manual_seed(seed)` (the GPTQ reference samples random windows the
-same way). A stream shorter than `seq_len` gives one right-padded sequence with a mask.
+Each domain's texts are tokenised (no special tokens; chats through the chat template) and
+joined, separated by the tokenizer's EOS token when it has one, into one token stream. The
+`samples` windows of `seq_len` tokens are dealt to the domains in turn (domain i gets window i,
+i + D, ...), each domain's windows start at offsets drawn with
+`torch.Generator().manual_seed(seed + i)` (the GPTQ reference samples random windows the same
+way). A stream shorter than `seq_len` gives one right-padded sequence with a mask.
 
 `CalibData.sha256` hashes the token ids, the mask and the settings; it goes into the output's
 recipe so a quantised model names exactly the data it was calibrated on.
@@ -25,9 +28,14 @@ from typing import Protocol
 
 import torch
 
+from arkinfer.text_pieces import tokenize_pieces
+
+from .calib_corpus import (CALIB_MAX_BYTES, NAMED, PROSE_TEXT, calibration_domains, chat_renderer,
+                           read_texts)
 from .weight import QuantError
 
-DEFAULT_CALIB_TEXT = Path(__file__).resolve().parents[1] / "arkinfer" / "data" / "corpus_train.txt"
+__all__ = ["CALIB_MAX_BYTES", "CalibData", "PROSE_TEXT", "calibration_from_ids",
+           "check_calibration_size", "load_calibration", "read_texts", "sample_windows"]
 
 
 class _Tokenizer(Protocol):
@@ -65,38 +73,6 @@ class CalibData:
     def describe(self) -> dict:
         return {**self.settings, "samples": self.samples, "seq_len": self.seq_len,
                 "tokens": self.tokens, "sha256": self.sha256}
-
-
-def read_texts(path: Path) -> list[str]:
-    """Plain text -> [whole file]; .jsonl -> the "text" field of every record."""
-    path = Path(path)
-    if not path.is_file():
-        raise QuantError(f"calibration file {str(path)!r} does not exist",
-                         "pass --calib FILE (plain text or .jsonl with a 'text' field)")
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise QuantError(f"calibration file {path} is not UTF-8: {exc}",
-                         "convert it to UTF-8") from None
-    if path.suffix.lower() not in (".jsonl", ".ndjson"):
-        return [raw]
-    texts = []
-    for n, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise QuantError(f"line {n} of {path} is not JSON: {exc}",
-                             "write one JSON object per line") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise QuantError(f"line {n} of {path} has no string field 'text' (keys: "
-                             f"{sorted(record) if isinstance(record, dict) else type(record).__name__})",
-                             "give every record a 'text' field")
-        texts.append(record["text"])
-    if not texts:
-        raise QuantError(f"{path} holds no records", "add lines like {\"text\": \"...\"}")
-    return texts
 
 
 def sample_windows(stream: list[int], samples: int, seq_len: int, seed: int,
@@ -149,23 +125,41 @@ def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samp
                      seq_len: int = 512, seed: int = 0, eos_id: int | None = None, *,
                      max_positions: int | None = None, hidden_size: int | None = None
                      ) -> CalibData:
-    """Tokenise the calibration text (default corpus_train.txt) and sample windows. With the
-    model's `max_positions` and `hidden_size`, impossible sizes are refused before anything is
-    read or allocated (`check_calibration_size`)."""
+    """Tokenise the calibration text (`path`: None = the built-in corpus, "prose", a file or a
+    folder; `quant.calib_corpus`) and sample windows from every domain alike. With the model's
+    `max_positions` and `hidden_size`, impossible sizes are refused before anything is read or
+    allocated (`check_calibration_size`)."""
     check_calibration_size(samples, seq_len, max_positions, hidden_size)
-    path = Path(path) if path is not None else DEFAULT_CALIB_TEXT
-    texts = read_texts(path)
+    domains = calibration_domains(path)
+    render = chat_renderer(tokenizer)
+    used = domains[:samples]  # fewer windows than domains: the first ones, in the corpus order
+    parts, mask_parts, records = [], [], []
+    for i, domain in enumerate(used):
+        stream = _stream(domain.texts(render), tokenizer, eos_id)
+        count = len(range(i, samples, len(used)))
+        ids, mask = sample_windows(stream, count, seq_len, seed + i, pad_id=eos_id or 0)
+        parts.append(ids)
+        mask_parts.append(mask)
+        records.append({"domain": domain.name, "file": domain.path.name,
+                        "sha256": domain.sha256, "stream_tokens": len(stream),
+                        "samples": int(ids.shape[0])})
+    source = "builtin" if path is None else str(path)
+    if len(domains) == 1 and path is not None and str(path) not in NAMED:
+        source = domains[0].path.name
+    digest = hashlib.sha256("".join(d.sha256 for d in domains).encode()).hexdigest()
+    settings = {"source": source, "source_sha256": digest, "domains": records,
+                "requested_samples": samples, "seed": seed}
+    return CalibData(torch.cat(parts), torch.cat(mask_parts), settings)
+
+
+def _stream(texts: list[str], tokenizer: _Tokenizer, eos_id: int | None) -> list[int]:
     stream: list[int] = []
     for i, text in enumerate(texts):
         if i and eos_id is not None:
             stream.append(eos_id)
-        stream.extend(tokenizer.encode(text, add_special_tokens=False))
-    ids, mask = sample_windows(stream, samples, seq_len, seed, pad_id=eos_id or 0)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    source = "corpus_train.txt (ArkInfer, Apache-2.0)" if path == DEFAULT_CALIB_TEXT else path.name
-    settings = {"source": source, "source_sha256": digest, "records": len(texts),
-                "stream_tokens": len(stream), "requested_samples": samples, "seed": seed}
-    return CalibData(ids, mask, settings)
+        for ids in tokenize_pieces([text], lambda t: tokenizer.encode(t, add_special_tokens=False)):
+            stream.extend(ids)  # piece by piece: a whole-file encoding costs ~185 bytes per byte
+    return stream
 
 
 def calibration_from_ids(ids: torch.Tensor, mask: torch.Tensor | None = None,

@@ -41,7 +41,9 @@ import torch
 from arkinfer.frontend.checkpoint import open_checkpoint
 from arkinfer.frontend.safetensors_io import DTYPES
 from arkinfer.frontend.shard_writer import save_safetensors
-from arkinfer.output_folder import check_output, remove_leftovers, replace_folder, staging_path
+from arkinfer.output_folder import (MARKER, check_output, make_staging, remove_leftovers,
+                                    remove_work_folder, replace_folder)
+from arkinfer.owned_folder import file_hashes, record_files
 
 from .calib.stream import CalibrationRun, block_file, load_weights, release_maps
 from .formats import get_format
@@ -97,19 +99,19 @@ def _torch(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
-def is_quantised_folder(folder: Path) -> bool:
-    """True when `folder` is a quantised folder ArkInfer exported (it has a readable summary)."""
-    try:
-        return isinstance(json.loads((folder / SUMMARY_NAME).read_text(encoding="utf-8")), dict)
-    except (OSError, ValueError):
-        return False
+def quantised_record(folder: Path) -> dict[str, str | None] | None:
+    """{relative path: sha256} of the files `folder`'s quant_summary.json lists (the summary
+    itself with None); None when the folder has no summary with a `files` table (another kind of
+    folder, or one exported before summaries listed their files)."""
+    return record_files(folder / SUMMARY_NAME)
 
 
 def check_quantised_output(out: Path, source: Path, *, force: bool) -> None:
     """Raise unless `quantize` may write `out`: --force replaces only an earlier quantised
-    folder (or an empty one), never the source model, the current folder or a parent of it."""
-    check_output(out, force=force, what=f"ArkInfer quantised folder (with {SUMMARY_NAME})",
-                 is_ours=is_quantised_folder, protected=[(source, "the source model")])
+    folder whose summary lists every file in it, unchanged (or an empty one), never the source
+    model, the current folder or a parent of it."""
+    check_output(out, force=force, what=f"ArkInfer quantised folder (with {SUMMARY_NAME} listing "
+                 "its files)", record=quantised_record, protected=[(source, "the source model")])
 
 
 def export_folder(run: CalibrationRun, out: str | Path, *, force: bool = False,
@@ -122,17 +124,15 @@ def export_folder(run: CalibrationRun, out: str | Path, *, force: bool = False,
     ckpt = open_checkpoint(run.source, with_tokenizer=False)
     fmt = get_format(run.recipe.format)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = staging_path(out, "exporting")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = make_staging(out, "exporting")
     try:
         _write_folder(run, ckpt, fmt, tmp, t0)
         check_quantised_output(out, run.source, force=force)  # it may have changed meanwhile
         replace_folder(tmp, out)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_work_folder(tmp)  # gone already once it was swapped in
     if not keep_work:
-        shutil.rmtree(run.work_dir, ignore_errors=True)
+        remove_work_folder(run.work_dir)
     return out
 
 
@@ -209,6 +209,7 @@ def _write_folder(run: CalibrationRun, ckpt, fmt, tmp: Path, t0: float) -> None:
             shutil.copy2(run.source / fname, tmp / fname)
     summary = build_summary(run, fmt.name, qcfg, stats, float_linears)
     summary["timings"]["export_seconds"] = round(time.perf_counter() - t0, 3)
+    summary["files"] = file_hashes(tmp, skip=(SUMMARY_NAME, MARKER))  # what --force may replace
     _write_json(tmp / SUMMARY_NAME, summary)
 
 def build_summary(run: CalibrationRun, fmt_name: str, qcfg: dict, stats: dict,

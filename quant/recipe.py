@@ -16,6 +16,7 @@ from fnmatch import fnmatchcase
 from typing import Literal, get_args
 
 from .formats import get_format
+from .rtn import GRIDS, Grid
 from .weight import Kind, QuantError
 
 Calib = Literal["rtn", "gptq", "pgptq", "awq", "ternary"]
@@ -27,6 +28,8 @@ class QuantRecipe:
 
     group_size -1 = one group per row (for ternary: one absmean scale per row).
     desc_act: GPTQ act-order (columns processed by descending Hessian diagonal; g_idx stored).
+    grid: how a group's scale is chosen (quant/rtn.py): minmax (GPTQ's reference, 15 of 16
+    levels when symmetric), ggml (Q4_0's rule, all 16), mse (ggml's grid, scale searched).
     """
 
     calib: Calib
@@ -36,11 +39,15 @@ class QuantRecipe:
     sym: bool = True
     desc_act: bool = False
     skip: tuple[str, ...] = ("lm_head",)
+    grid: Grid = "minmax"
 
     def __post_init__(self) -> None:
         if self.calib not in get_args(Calib):
             raise QuantError(f"calib={self.calib!r} is not a calibration algorithm; allowed "
                              f"{list(get_args(Calib))}", "pick one of the allowed algorithms")
+        if self.grid not in GRIDS:
+            raise QuantError(f"grid={self.grid!r} is not a quantisation grid; allowed "
+                             f"{list(GRIDS)}", "use minmax, ggml or mse")
         if isinstance(self.skip, str):
             raise QuantError(f"skip={self.skip!r} is a string; expected a tuple of patterns",
                              f"write skip=({self.skip!r},)")
@@ -74,8 +81,9 @@ class QuantRecipe:
         order = " act-order" if self.desc_act else ""
         if self.calib == "ternary":
             return f"ternary (group {self.group_size}) -> {self.format}"
+        grid = "" if self.grid == "minmax" else f" {self.grid}-grid"
         return (f"{self.calib} {self.bits}-bit g{self.group_size} "
-                f"{'sym' if self.sym else 'asym'}{order} -> {self.format}")
+                f"{'sym' if self.sym else 'asym'}{order}{grid} -> {self.format}")
 
 
 PRESETS: dict[str, QuantRecipe] = {

@@ -1,12 +1,27 @@
 """Uniform round-to-nearest quantiser (docs/quant.md §1): the shared primitive GPTQ/AWQ reuse.
 
-Per row of a group `w_group` `[rows, cols]`:
+Per row of a group `w_group` `[rows, cols]`, three grids (`Grid`):
+
+`minmax` — the GPTQ reference (§1):
 
     xmin = min(min(w), 0); xmax = max(max(w), 0)          # the range always contains 0
     sym:  xmax = max(|xmin|, xmax); xmin = -xmax
     scale = (xmax - xmin) / (2^bits - 1)
     zero  = 2^(bits-1) if sym else round(-xmin / scale)
     q     = clamp(round(w / scale) + zero, 0, 2^bits - 1)  # dequantised: scale * (q - zero)
+
+  Symmetric, it uses 15 of the 16 4-bit levels and clips +absmax to 7/7.5 of itself.
+
+`ggml` — symmetric as ggml's Q4_0 (`d = max / -8`): `m` is the row's value of largest magnitude,
+  with its sign, and `scale = m / -2^(bits-1)`, so code 0 is `m` exactly and all 2^bits levels are
+  used (the scale is negative when `m > 0`). Asymmetric: as `minmax` (ggml's Q4_1 is min/max).
+
+`mse` — `ggml`'s grid with the scale searched per row, as llama.cpp's `make_qx_quants` does
+  (sym) and `make_qkx2_quants` (asym): for 19 (sym) or 21 (asym) trial scales around the start,
+  round, refit the scale (and the minimum) by weighted least squares for those codes, and keep
+  the fit with the smallest weighted squared error `sum(importance * (w - dequant)^2)`.
+  `importance` `[cols]` or `[rows, cols]` (e.g. GPTQ's Hessian diagonal, the activations' mean
+  square); None weighs every weight alike.
 
 `round` is torch.round (half to even), as in the GPTQ reference. Two cases §1 leaves open follow
 the GPTQ reference (`IST-DASLab/gptq`, quant.py): an all-zero row gets xmin=-1, xmax=+1 (so the
@@ -21,9 +36,15 @@ weight without further loss.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
 from .weight import UNIFORM_BITS, QuantError, QuantizedWeight
+
+
+Grid = Literal["minmax", "ggml", "mse"]
+GRIDS: tuple[str, ...] = get_args(Grid)
 
 
 def _check_bits(bits: int) -> None:
@@ -33,14 +54,40 @@ def _check_bits(bits: int) -> None:
 
 
 def find_params(w_group: torch.Tensor, bits: int, sym: bool,
-                scale_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale and zero point per row of `w_group` [rows, cols] -> (scale fp32 [rows, 1],
-    zero fp32 [rows, 1], integer-valued)."""
+                scale_dtype: torch.dtype | None = None, grid: Grid = "minmax",
+                importance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point per row of `w_group` [rows, cols] on `grid` (module docstring) ->
+    (scale fp32 [rows, 1], zero fp32 [rows, 1], integer-valued)."""
     _check_bits(bits)
+    if grid not in GRIDS:
+        raise QuantError(f"grid={grid!r} is not a quantisation grid; allowed {list(GRIDS)}",
+                         "use minmax (GPTQ's reference), ggml (Q4_0's) or mse (searched)")
     w = w_group.float()
     if w.dim() == 1:
         w = w[None]
     maxq = (1 << bits) - 1
+    if grid == "minmax" or (grid == "ggml" and not sym):
+        scale, xmin = _minmax(w, bits, sym)
+    elif sym:
+        scale, xmin = _signed_max(w, bits), None
+        if grid == "mse":
+            scale = _search_sym(w, bits, scale, _weights(w, importance))
+    else:
+        scale, xmin = _search_asym(w, bits, _weights(w, importance))
+    if scale_dtype is not None:
+        tiny = torch.finfo(scale_dtype).smallest_normal
+        scale = scale.to(scale_dtype).float()
+        # A row of denormal-small weights can round to a zero scale: keep it nonzero.
+        scale = torch.where(scale == 0, torch.tensor(tiny, dtype=torch.float32), scale)
+    if sym:
+        zero = torch.full_like(scale, float(1 << (bits - 1)))
+    else:
+        zero = torch.clamp(torch.round(-xmin / scale), 0, maxq)
+    return scale[:, None], zero[:, None]
+
+
+def _minmax(w: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """§1's scale and range minimum per row (the GPTQ reference)."""
     zero_ = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device)
     xmin = torch.minimum(w.amin(dim=1), zero_)
     xmax = torch.maximum(w.amax(dim=1), zero_)
@@ -50,17 +97,82 @@ def find_params(w_group: torch.Tensor, bits: int, sym: bool,
     dead = (xmin == 0) & (xmax == 0)
     xmin = torch.where(dead, -1.0, xmin)
     xmax = torch.where(dead, 1.0, xmax)
-    scale = (xmax - xmin) / maxq
-    if scale_dtype is not None:
-        tiny = torch.finfo(scale_dtype).smallest_normal
-        scale = scale.to(scale_dtype).float()
-        # A row of denormal-small weights can round to a zero scale: keep it positive.
-        scale = torch.where(scale == 0, torch.tensor(tiny, dtype=torch.float32), scale)
-    if sym:
-        zero = torch.full_like(scale, float(1 << (bits - 1)))
-    else:
-        zero = torch.clamp(torch.round(-xmin / scale), 0, maxq)
-    return scale[:, None], zero[:, None]
+    return (xmax - xmin) / ((1 << bits) - 1), xmin
+
+
+def _signed_max(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """ggml's symmetric scale per row: the value of largest magnitude over -2^(bits-1)."""
+    m = w.gather(1, w.abs().argmax(dim=1, keepdim=True))[:, 0]
+    m = torch.where(m == 0, torch.tensor(-1.0), m)  # an all-zero row: any finite scale
+    return m / -float(1 << (bits - 1))
+
+
+def _weights(w: torch.Tensor, importance: torch.Tensor | None) -> torch.Tensor:
+    if importance is None:
+        return torch.ones_like(w)
+    return importance.float().expand_as(w).clamp_min(0)
+
+
+def _search_sym(w: torch.Tensor, bits: int, start: torch.Tensor,
+                wt: torch.Tensor) -> torch.Tensor:
+    """make_qx_quants: codes from 19 trial scales around `start`, each refit by weighted least
+    squares; the refit scale with the smallest weighted error per row."""
+    half = float(1 << (bits - 1))
+    m = start * -half  # the signed max
+    best, best_err = start.clone(), _sym_error(w, start, half, wt)
+    for step in range(-9, 10):
+        trial = m / -(half + 0.1 * step)
+        q = torch.clamp(torch.round(w / trial[:, None]), -half, half - 1)
+        den = (wt * q * q).sum(dim=1)
+        fit = torch.where(den > 0, (wt * w * q).sum(dim=1) / den.clamp_min(1e-30), start)
+        err = _sym_error(w, fit, half, wt)
+        better = err < best_err
+        best, best_err = torch.where(better, fit, best), torch.where(better, err, best_err)
+    return best
+
+
+def _sym_error(w: torch.Tensor, scale: torch.Tensor, half: float, wt: torch.Tensor) -> torch.Tensor:
+    s = torch.where(scale == 0, torch.tensor(1.0), scale)[:, None]
+    q = torch.clamp(torch.round(w / s), -half, half - 1)
+    return (wt * (w - s * q) ** 2).sum(dim=1)
+
+
+def _search_asym(w: torch.Tensor, bits: int, wt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """make_qkx2_quants: (scale, min) per row, min <= 0, from 21 trial scales over the row's
+    range, each refit (scale and min together) by weighted least squares for its codes."""
+    maxq = float((1 << bits) - 1)
+    lo = torch.minimum(w.amin(dim=1), torch.zeros(()))
+    hi = torch.maximum(w.amax(dim=1), torch.zeros(()))
+    span = torch.where(hi > lo, hi - lo, torch.ones(()))
+    best_s, best_min = span / maxq, lo
+    best_err = _asym_error(w, best_s, best_min, maxq, wt)
+    sw, sx = wt.sum(dim=1), (wt * w).sum(dim=1)
+    for step in range(21):
+        iscale = (maxq - 1 + 0.1 * step) / span  # rmin -1, rdelta 0.1, as llama.cpp's Q4_K
+        q = torch.clamp(torch.round((w - lo[:, None]) * iscale[:, None]), 0, maxq)
+        sl, sl2, sxl = (wt * q).sum(dim=1), (wt * q * q).sum(dim=1), (wt * q * w).sum(dim=1)
+        det = sw * sl2 - sl * sl
+        ok = det > 0
+        det = torch.where(ok, det, torch.ones(()))
+        scale = (sw * sxl - sx * sl) / det
+        mn = (sl2 * sx - sl * sxl) / det
+        fix = mn > 0  # the range keeps 0: refit the scale alone with min 0
+        scale = torch.where(fix, sxl / sl2.clamp_min(1e-30), scale)
+        mn = torch.where(fix, torch.zeros(()), mn)
+        ok = ok & (scale > 0)
+        err = _asym_error(w, torch.where(ok, scale, best_s), torch.where(ok, mn, best_min), maxq, wt)
+        better = ok & (err < best_err)
+        best_s = torch.where(better, scale, best_s)
+        best_min = torch.where(better, mn, best_min)
+        best_err = torch.where(better, err, best_err)
+    return best_s, best_min
+
+
+def _asym_error(w: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, maxq: float,
+                wt: torch.Tensor) -> torch.Tensor:
+    zero = torch.clamp(torch.round(-mn / scale), 0, maxq)[:, None]
+    q = torch.clamp(torch.round(w / scale[:, None]) + zero, 0, maxq)
+    return (wt * (w - scale[:, None] * (q - zero)) ** 2).sum(dim=1)
 
 
 def quantize_with(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
@@ -73,9 +185,11 @@ def quantize_with(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
 
 
 def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = True, *,
-                 scale_dtype: torch.dtype | None = None, name: str = "") -> QuantizedWeight:
+                 scale_dtype: torch.dtype | None = None, grid: Grid = "minmax",
+                 importance: torch.Tensor | None = None, name: str = "") -> QuantizedWeight:
     """Round-to-nearest quantisation of `w` [out, in] per row and group of `group_size` input
-    columns (-1 = whole row) -> QuantizedWeight with static groups (g_idx None)."""
+    columns (-1 = whole row) on `grid` -> QuantizedWeight with static groups (g_idx None).
+    importance: [in] per input column (e.g. activations' mean square), or None."""
     _check_bits(bits)
     if w.dim() != 2:
         raise QuantError(f"weight {name!r} has shape {tuple(w.shape)}; quantize_rtn takes a 2-D "
@@ -87,7 +201,10 @@ def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = 
                          f"{name or 'the weight'!r}", f"use -1 or one of {ok or 'its divisors'}")
     size = inp if group_size == -1 else group_size
     groups = w.float().reshape(out, inp // size, size).reshape(-1, size)
-    scale, zero = find_params(groups, bits, sym, scale_dtype)
+    if importance is not None:  # [in] -> one row per (output row, group), as `groups`
+        importance = importance.float().reshape(1, inp // size, size).expand(out, -1, -1)
+        importance = importance.reshape(-1, size)
+    scale, zero = find_params(groups, bits, sym, scale_dtype, grid, importance)
     codes = quantize_with(groups, scale, zero, bits).reshape(out, inp)
     return QuantizedWeight(codes=codes, scales=scale.reshape(out, -1),
                            zeros=zero.reshape(out, -1).to(torch.int32), bits=bits,

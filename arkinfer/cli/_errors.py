@@ -4,9 +4,12 @@
     hint: <the next step>
 
 `ArkError`s carry both; an `OSError` from the filesystem (read-only folder, disk full, name too
-long, ...) names the path and the system's reason; a usage error (unknown option, missing
-argument, bad value) names the problem and the usage line (exit code 2, as click uses). Only an
-unexpected exception type is reported as a bug. A traceback is printed only with `ARKINFER_DEBUG=1`.
+long, ...) names the path and the system's reason, and so does a library's own I/O error that
+carries the system's error number (safetensors: "No space left on device (os error 28)"); running
+out of memory, and text or a path that is not UTF-8 where UTF-8 is needed, are ordinary errors
+too. A usage error (unknown option, missing argument, bad value) names the problem and the usage
+line (exit code 2, as click uses). Only an unexpected exception type is reported as a bug. A
+traceback is printed only with `ARKINFER_DEBUG=1`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -49,34 +53,90 @@ def debug_enabled() -> bool:
     return os.environ.get("ARKINFER_DEBUG", "") not in ("", "0", "false")
 
 
+def _safe_lines(text: str) -> str:
+    """`text` printed `terminal_safe` (messages quote file names and values read from files).
+    A message's own continuation lines are indented ("\\n  " + item); every other newline, like
+    every control character, is shown as an escape, so no text in a message can start a line
+    that looks like another `error:` or `hint:`."""
+    from arkinfer.cli._output import terminal_safe
+
+    return "\n  ".join(terminal_safe(line) for line in text.split("\n  "))
+
+
 def print_error(message: str, hint: str | None) -> None:
-    """The two-line `error:` / `hint:` format on stderr (text printed literally)."""
-    _stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    """The two-line `error:` / `hint:` format on stderr (text printed literally, control
+    characters shown as escapes)."""
+    _stderr.print(f"[bold red]error:[/] {escape(_safe_lines(message))}", markup=True)
     if hint:
-        _stderr.print(f"[yellow]hint:[/] {escape(hint)}", markup=True)
+        _stderr.print(f"[yellow]hint:[/] {escape(_safe_lines(hint))}", markup=True)
+
+
+_DISK_HINT = ("check free disk space (`df -h`) and the path; rerun with ARKINFER_DEBUG=1 for "
+              "the traceback")
+# A library's I/O error that carries the system's error number in its text: Rust's io::Error
+# (safetensors, tokenizers) ends "(os error 28)"; numpy's short write says "N requested and M
+# written" (a full disk, with no errno).
+_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
 
 
 def os_error_message(exc: OSError) -> tuple[str, str]:
     """(message, hint) for an OSError: the path(s) it names, the system's reason, what to do."""
     reason = exc.strerror or str(exc)
     code = errno.errorcode.get(exc.errno, "") if exc.errno is not None else ""
-    paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    paths = " -> ".join(os.fsdecode(p) for p in (exc.filename, exc.filename2) if p is not None)
     where = f"{paths}: " if paths else ""
     message = f"{where}{reason}" + (f" ({code})" if code else "")
-    hint = _OS_HINTS.get(exc.errno, "check the path and the disk; rerun with ARKINFER_DEBUG=1 for "
-                                    "the traceback")
-    return message, hint
+    if exc.errno is None and _SHORT_WRITE.search(reason):
+        message += " (a write stopped short: the disk is probably full)"
+        return message, _OS_HINTS[errno.ENOSPC]
+    return message, _OS_HINTS.get(exc.errno, _DISK_HINT)
+
+
+def unicode_error_message(exc: UnicodeError) -> tuple[str, str]:
+    """(message, hint) for text or a path that is not UTF-8 where UTF-8 is needed, naming it."""
+    obj, start, end = (getattr(exc, k, None) for k in ("object", "start", "end"))
+    if isinstance(obj, (bytes, bytearray)) and isinstance(start, int):
+        message = (f"text is not valid {getattr(exc, 'encoding', 'UTF-8')}: bytes "
+                   f"{bytes(obj[start:end])!r} at offset {start} ({exc.reason})")
+    elif isinstance(obj, str) and isinstance(start, int):
+        shown = obj if len(obj) <= 200 else obj[:200] + "..."
+        message = (f"'{shown}' holds bytes that are not UTF-8 ({obj[start:end]} at position "
+                   f"{start}); this step needs UTF-8")
+    else:
+        message = f"text is not valid UTF-8: {exc}"
+    return message, ("rename the file or folder to a UTF-8 name, or save the text as UTF-8 "
+                     "(e.g. `iconv -t UTF-8`)")
+
+
+def error_message(exc: BaseException) -> tuple[str, str]:
+    """(message, hint) for any exception: ordinary conditions get their own, the rest is a bug."""
+    if isinstance(exc, ArkError):
+        return exc.message, exc.hint or ""
+    if isinstance(exc, OSError) and (exc.errno is not None or _SHORT_WRITE.search(str(exc))):
+        return os_error_message(exc)
+    if isinstance(exc, MemoryError):
+        detail = f" ({exc})" if str(exc) else ""
+        return (f"not enough memory to finish{detail}",
+                "free memory (close other programs) or ask for less: a smaller model or quant, "
+                "fewer tokens (-p, -n, --ctx), fewer --samples or a shorter --seq-len")
+    if isinstance(exc, UnicodeError):
+        return unicode_error_message(exc)
+    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):  # a process limit
+        return ("the system refused to start another thread (can't start new thread)",
+                f"use fewer threads (e.g. --threads {os.cpu_count() or 1}, this machine's CPUs) or "
+                "raise the limit (`ulimit -u`)")
+    found = _OS_ERROR_IN_TEXT.search(str(exc))
+    if found and int(found.group(1)) in errno.errorcode:
+        code = int(found.group(1))
+        return (f"{exc} ({errno.errorcode[code]})", _OS_HINTS.get(code, _DISK_HINT))
+    return (f"{type(exc).__name__}: {exc}", "this is a bug in ArkInfer; rerun with "
+            "ARKINFER_DEBUG=1 for the traceback and report it")
 
 
 def report(exc: BaseException) -> None:
     """Print `exc` for a user: `error: <message>` and `hint: <next step>`."""
-    if isinstance(exc, ArkError):
-        print_error(exc.message, exc.hint)
-    elif isinstance(exc, OSError) and exc.errno is not None:
-        print_error(*os_error_message(exc))
-    else:
-        print_error(f"{type(exc).__name__}: {exc}", "this is a bug in ArkInfer; rerun with "
-                    "ARKINFER_DEBUG=1 for the traceback and report it")
+    print_error(*error_message(exc))  # print_error shows undecodable bytes as `\xff`
 
 
 def report_usage_error(message: str, usage: str | None, command_path: str) -> None:

@@ -9,6 +9,7 @@ print a deprecation line (`deprecated_alias`).
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -27,8 +28,27 @@ QuantOpt = Annotated[str, typer.Option(
 BackendOpt = Annotated[str | None, typer.Option("--backend", "-b", help="Backend (default: the "
                                                 "target's, or the first of its backends that "
                                                 "takes --quant).")]
+CalibOpt = Annotated[Path | None, typer.Option(
+    "--calib", help="Calibration text: a .txt file, a .jsonl file ('text' or chat 'messages', "
+    "rendered through the chat template), a folder (one domain per file), or 'prose' (the demo's "
+    "English corpus alone). Default: the built-in corpus (prose, chat, code, technical, legal, "
+    "math, Chinese; arkinfer/data/calib/).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output of the same "
                                         "kind (never a folder ArkInfer did not write).")]
+
+
+SEED_MAX = 2**64 - 1  # torch.Generator seeds are unsigned 64-bit
+
+
+def seed_in_range(seed: int) -> int:
+    """A `--seed` callback: checked at parse time (a usage error naming the range), not by torch
+    later."""
+    if not 0 <= seed <= SEED_MAX:
+        digits = str(seed)
+        shown = digits if len(digits) <= 40 else f"{digits[:20]}... ({len(digits)} digits)"
+        raise typer.BadParameter(f"{shown} is outside the valid range 0..{SEED_MAX} "
+                                 "(an unsigned 64-bit seed)")
+    return seed
 
 
 def deprecated_alias(old: str, new: str) -> None:

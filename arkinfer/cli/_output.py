@@ -9,11 +9,42 @@ a status spinner gets a `rich.text.Text` (a spinner parses a plain string as mar
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+# Characters a terminal acts on instead of showing: C0 controls (ESC starts a sequence that can
+# clear the screen or move the cursor; \r and \n fake new lines), DEL, C1 controls (\x9b is a
+# one-byte CSI), the line/paragraph separators and the bidirectional overrides that reorder text
+# ("Trojan Source"), and lone surrogates (the undecodable bytes of a file name).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
+                     "\u2066-\u2069\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _visible(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    if char in _NAMED:
+        return _NAMED[char]
+    if 0xDC80 <= code <= 0xDCFF:  # a byte Python could not decode (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def terminal_safe(text: Any, keep: str = "") -> str:
+    """`str(text)` with every character a terminal would act on shown as a visible escape (ESC ->
+    `\\x1b`, a newline -> `\\n`, an undecodable file-name byte -> `\\xff`), except those in
+    `keep` (e.g. "\\n\\t" for generated text). Apply it to every string that comes from a file
+    or a model folder (manifest fields, config names, paths) before a human format prints it."""
+    text = str(text)
+    if not _UNSAFE.search(text):
+        return text
+    return _UNSAFE.sub(lambda m: m.group() if m.group() in keep else _visible(m), text)
+
 
 console = Console(highlight=False, soft_wrap=True, markup=False)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
@@ -26,7 +57,11 @@ def print_json(data: Any) -> None:
 
 def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     """A table on a terminal; plain tab-separated lines, never truncated, when stdout is a pipe
-    or a file (`arkinfer targets | grep ID` finds whole ids)."""
+    or a file (`arkinfer targets | grep ID` finds whole ids). Every title and cell is printed
+    `terminal_safe` (a tab or newline inside a cell cannot split it either)."""
+    title = None if title is None else terminal_safe(title)
+    columns = [terminal_safe(c) for c in columns]
+    rows = [[terminal_safe(x) for x in row] for row in rows]
     if not console.is_terminal:
         if title:
             print(f"# {title}")
@@ -42,7 +77,10 @@ def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) ->
 
 
 def print_kv(title: str, items: list[tuple[str, Any]]) -> None:
-    """A two-column key/value block (plain `key: value` lines when stdout is not a terminal)."""
+    """A two-column key/value block (plain `key: value` lines when stdout is not a terminal);
+    title, keys and values printed `terminal_safe`."""
+    title = terminal_safe(title)
+    items = [(terminal_safe(key), terminal_safe(value)) for key, value in items]
     if not console.is_terminal:
         print(title)
         for key, value in items:
@@ -67,6 +105,7 @@ def progress_bar(label: str, field: str):
         TimeElapsedColumn,
     )
 
-    return Progress(TextColumn(f"[bold]{escape(label)}[/]"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[" + field + "]}", markup=False),
+    return Progress(TextColumn(f"[bold]{escape(terminal_safe(label))}[/]"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[" + field + "]}", markup=False),
                     console=err_console, transient=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -14,7 +15,7 @@ from rich.text import Text
 
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import JsonOpt, deprecated_alias
-from arkinfer.cli._output import console, err_console
+from arkinfer.cli._output import console, err_console, terminal_safe
 
 HELP = ("Measure an artifact on this machine the way llama-bench does: prompt processing (pp, "
         "tokens/s over -p tokens) and generation (tg, tokens/s over -n single-token steps) after "
@@ -54,7 +55,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         values = ()
-    if not values or any(v < 0 for v in values):
+    if not values:  # the range of each value is BenchSpec's check
         raise ArkError(f"{flag} {text!r} is not a comma-separated list of non-negative integers",
                        hint=f"e.g. {flag} 128,512")
     return values
@@ -79,22 +80,26 @@ def command(
     output: Annotated[OutFormat, typer.Option("--format", "-f", help="md, json or csv "
                                               "(llama-bench's -o).")] = OutFormat.md,
     json_out: JsonOpt = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write tokens/s against depth as "
-                                              "a PNG.")] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: "
-                                                "torch's).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write tokens/s against depth to "
+                                              "this .png (or .svg, .pdf) file, exactly there.")
+                    ] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads, 1 to this "
+                                                "machine's CPU count (default: torch's).")
+                       ] = None,
     rpc: Annotated[str | None, typer.Option("--rpc", help="HOST:PORT of a TVM RPC server (or "
                                             "tracker with --key): time the artifact on that "
                                             "remote device (tvm artifacts).")] = None,
     key: Annotated[str | None, typer.Option("--key", help="With --rpc: the tracker's device "
                                             "key, e.g. android.")] = None,
+    rpc_timeout: Annotated[float | None, typer.Option(
+        "--rpc-timeout", help="With --rpc: seconds each remote step (connect, upload, each timed "
+        "call) may take before bench gives up (default 60).")] = None,
     old_output: Annotated[OutFormat | None, typer.Option("-o", "--output", hidden=True)] = None,
     old_threads: Annotated[int | None, typer.Option("-t", hidden=True)] = None,
 ) -> None:
     from arkinfer.errors import ArkError
-    from arkinfer.frontend.checkpoint import read_config
-    from arkinfer.pipeline.artifact import load_runner
-    from arkinfer.pipeline.bench import BenchSpec, host_predictor, run_bench, write_plot
+    from arkinfer.pipeline.bench import BenchSpec
+    from arkinfer.plot_file import check_plot_path
 
     if old_output is not None:  # -o is the output folder in every other command
         deprecated_alias("`bench -o FORMAT`", "--format FORMAT (-f)")
@@ -104,25 +109,33 @@ def command(
         threads = old_threads
     if json_out:
         output = OutFormat.json
-    if repetitions < 1 or warmup < 0:
-        raise ArkError(f"-r {repetitions} / --warmup {warmup}: need at least 1 repetition and "
-                       "0 or more warm-ups", hint="e.g. -r 5 --warmup 1")
-    if threads is not None and threads < 1:
-        raise ArkError(f"--threads {threads}: the number of CPU threads must be at least 1",
-                       hint="e.g. --threads 4, or leave it out to use torch's default")
+    # every number and the plot path are checked here, before anything is loaded or allocated
+    modes = ("dense", "sparse") if attention == Attention.both else (attention.value,)
+    spec = BenchSpec(_ints(prompts, "-p"), _ints(gens, "-n"), _ints(depths, "-d"), repetitions,
+                     warmup, modes, *(() if rpc_timeout is None else (rpc_timeout,)))
+    cpus = os.cpu_count() or 1
+    if threads is not None and not 1 <= threads <= cpus:
+        raise ArkError(f"--threads {threads} is outside the allowed range 1..{cpus} (at least "
+                       f"1, at most the {cpus} CPUs of this machine)",
+                       hint=f"pass --threads between 1 and {cpus}, or leave it out to use "
+                       "torch's default")
+    if plot is not None:
+        check_plot_path(plot)
+    from arkinfer.frontend.checkpoint import read_config  # (these import torch: after the checks)
+    from arkinfer.pipeline.artifact import load_runner
+    from arkinfer.pipeline.bench import host_predictor, run_bench, runner_context, write_plot
+
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
-    modes = ("dense", "sparse") if attention == Attention.both else (attention.value,)
-    spec = BenchSpec(_ints(prompts, "-p"), _ints(gens, "-n"), _ints(depths, "-d"), repetitions,
-                     warmup, modes)
     if rpc is not None or key is not None:
         manifest, rows = _remote_rows(artifact, rpc, key, spec, attention)
     else:
         with err_console.status(Text("loading")) as status:
-            manifest, runner = load_runner(artifact, bench=True,
-                                           step=lambda m: status.update(Text(f"loading: {m}")))
+            manifest, runner = load_runner(
+                artifact, bench=True,
+                step=lambda m: status.update(Text(terminal_safe(f"loading: {m}"))))
             if attention != Attention.default and not manifest["source"].get("sparse_config"):
                 raise ArkError(f"--attention {attention.value}: {manifest['name']} has no "
                                "sparse_config, so it only runs dense attention",
@@ -131,11 +144,13 @@ def command(
             source = Path(manifest["source"]["path"])
             raw = read_config(source) if (source / "config.json").is_file() else None
             predictor = host_predictor(manifest, raw) if raw else None
-            rows = run_bench(runner, manifest, spec, predictor=predictor,
-                             progress=lambda m: status.update(Text(f"bench: {m}")))
+            rows = run_bench(
+                runner, manifest, spec, predictor=predictor,
+                progress=lambda m: status.update(Text(terminal_safe(f"bench: {m}"))),
+                context=runner_context(runner, raw))
     if plot is not None:
-        write_plot(rows, plot, f"{manifest['name']} on {rows[0]['cpu_info']}")
-        err_console.print(f"plot written to {plot}")
+        written = write_plot(rows, plot, f"{manifest['name']} on {rows[0]['cpu_info']}")
+        err_console.print(terminal_safe(f"plot written to {written}"))
     if output == OutFormat.json:
         print(json.dumps(rows, indent=2))
     elif output == OutFormat.csv:
@@ -161,18 +176,21 @@ def _remote_rows(artifact: Path, rpc: str | None, key: str | None, spec,
         raise ArkError(f"--rpc runs the artifact's default attention; --attention is "
                        f"{attention.value}", hint="drop --attention, or bench without --rpc")
     backend = get_backend(manifest["backend"]["name"])
-    with err_console.status(Text(f"connecting to {rpc}")) as status:
-        rows = backend.bench_remote(artifact, manifest, rpc, key, spec,
-                                    progress=lambda m: status.update(Text(f"bench: {m}")))
+    with err_console.status(Text(terminal_safe(f"connecting to {rpc}"))) as status:
+        rows = backend.bench_remote(
+            artifact, manifest, rpc, key, spec,
+            progress=lambda m: status.update(Text(terminal_safe(f"bench: {m}"))))
     return manifest, rows
 
 
 def _csv(rows: list[dict]) -> str:
+    """CSV with llama-bench's fields; text fields (manifest name, cpu_info) `terminal_safe`."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
+        writer.writerow({k: json.dumps(v) if isinstance(v, list) else
+                         terminal_safe(v) if isinstance(v, str) else v for k, v in r.items()})
     return buf.getvalue()
 
 
@@ -191,15 +209,17 @@ def markdown_table(rows: list[dict]) -> str:
                  f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}", f(r["ttft_ms"], ".1f"),
                  f(r["predicted_ts"]), f(r["measured_over_predicted"]),
                  f(r["peak_rss_bytes"] and r["peak_rss_bytes"] / 2**20, ".0f")]
-        lines.append("| " + " | ".join(cells) + " |")
+        # Cells hold manifest text: shown terminal_safe, and a `|` cannot add a column.
+        lines.append("| " + " | ".join(terminal_safe(c).replace("|", "\\|") for c in cells)
+                     + " |")
     return "\n".join(lines) + "\n"
 
 
 def _markdown(rows: list[dict], manifest: dict) -> None:
     print(markdown_table(rows), end="")
     if "TVM RPC" in rows[0]["backends"]:
-        console.print(f"\ndevice: {rows[0]['cpu_info']}. Timed there by TVM's time_evaluator "
-                      "(tg: one decode step at depth + n/2); no prediction, no RSS.")
+        console.print(f"\ndevice: {terminal_safe(rows[0]['cpu_info'])}. Timed there by TVM's "
+                      "time_evaluator (tg: one decode step at depth + n/2); no prediction, no RSS.")
         return
-    console.print(f"\nCPU: {rows[0]['cpu_info']}. predicted: arkinfer.latency for this host "
-                  "(`arkinfer doctor` measures its bandwidth and compute).")
+    console.print(f"\nCPU: {terminal_safe(rows[0]['cpu_info'])}. predicted: arkinfer.latency for "
+                  "this host (`arkinfer doctor` measures its bandwidth and compute).")

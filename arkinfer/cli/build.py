@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import BackendOpt, ForceOpt, JsonOpt, QuantOpt, TargetOpt
-from arkinfer.cli._output import console, err_console, print_json, print_kv
+from arkinfer.cli._options import BackendOpt, CalibOpt, ForceOpt, JsonOpt, QuantOpt, TargetOpt
+from arkinfer.cli._output import console, err_console, print_json, print_kv, terminal_safe
 
 HELP = ("Build a verified artifact: load -> trace -> quantise -> lower -> verify -> write. The "
         "plan (model, target, backend, recipe, output) is checked and printed before any work. "
@@ -55,7 +55,8 @@ class StageReporter:
         self.t0 = time.perf_counter()
 
     def step(self, message: str) -> None:
-        self.status.update(Text(f"[{self.index}/{len(self.stages)}] {self.current}: {message}"))
+        self.status.update(Text(terminal_safe(
+            f"[{self.index}/{len(self.stages)}] {self.current}: {message}")))
 
     def blocks(self, done: int, total: int, seconds: float) -> None:
         elapsed = time.perf_counter() - self.t0
@@ -65,7 +66,7 @@ class StageReporter:
 
     def stage_done(self, name: str, seconds: float, summary: str = "") -> None:
         err_console.print(f"[green]✓[/] {escape(f'{name:<9}')} {seconds:7.1f} s  "
-                          f"{escape(summary)}", markup=True, highlight=False)
+                          f"{escape(terminal_safe(summary))}", markup=True, highlight=False)
 
 
 class _Quiet:
@@ -92,8 +93,7 @@ def command(
     backend: BackendOpt = None,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Artifact folder (default "
                                              "dist/MODEL.TARGET.QUANT).")] = None,
-    calib: Annotated[Path | None, typer.Option("--calib", help="Calibration text (plain or "
-                                               ".jsonl).")] = None,
+    calib: CalibOpt = None,
     samples: Annotated[int, typer.Option("--samples", help="Calibration sequences.")] = 128,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per calibration sequence.")
                        ] = 512,
@@ -105,30 +105,24 @@ def command(
         "--threshold", help="Override a parity threshold: top1=, kl= or ppl_delta= "
         "(repeatable).")] = None,
     option: Annotated[list[str] | None, typer.Option(
-        "--option", help="Backend option KEY=VALUE (repeatable).")] = None,
+        "--option", help="Backend option KEY=VALUE (repeatable); each backend declares its own "
+        "keys, and an unknown key is refused before any work with that backend's list.")] = None,
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    from arkinfer.errors import ArkError
     from arkinfer.pipeline.build import build
     from arkinfer.pipeline.plan import CalibSettings, resolve_plan
     from arkinfer.pipeline.verify import parse_threshold_overrides
 
     overrides = parse_threshold_overrides(threshold)
-    options = {}
-    for item in option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ArkError(f"--option {item!r} is not KEY=VALUE", hint="e.g. --option mix=q4_k")
-        options[key] = value
+    # KEY=VALUE strings: the plan checks them against the keys the chosen backend declares
     plan = resolve_plan(model, target=target, quant=quant, backend=backend, out=out,
                         calib=CalibSettings(calib, samples, seq_len, report=report),
-                        options=options,
-                        force=force)
+                        options=option or [], force=force)
     if not json_out:
         print_kv("build plan", plan.describe())
         for note in plan.notes:
-            err_console.print(f"note: {note}")
+            err_console.print(terminal_safe(f"note: {note}"))
     with (_Quiet() if json_out else StageReporter()) as rep:
         result = build(plan, threshold_overrides=overrides, reporter=rep, force=force)
     m = result.manifest
@@ -150,7 +144,7 @@ def command(
           if "fidelity" in m["verification"] else []),
         ("notes", "; ".join(m["backend"]["notes"]) or "-"),
     ])
-    console.print(f"next: arkinfer bench {result.path}")
+    console.print(terminal_safe(f"next: arkinfer bench {result.path}"))
 
 
 def _fidelity(f: dict) -> str:

@@ -17,7 +17,7 @@ import typer
 from arkinfer import __version__
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import JsonOpt
-from arkinfer.cli._output import console, print_json, print_kv, print_table
+from arkinfer.cli._output import console, print_json, print_kv, print_table, terminal_safe
 
 HELP = ("Check this installation: registered backends and whether their toolchains are "
         "installed (with the install command), package versions, and this machine's copy "
@@ -89,7 +89,8 @@ def build_patched(json_out: bool) -> None:
     it is (`Backend.build_runtime`)."""
     from arkinfer.backend import get_backend
 
-    say = None if json_out else (lambda msg: console.print(msg, markup=False))
+    say = None if json_out else (lambda msg: console.print(terminal_safe(msg, keep="\n"),
+                                                         markup=False))
     info = get_backend("gguf").build_runtime(progress=say)
     if json_out:
         print_json(info)

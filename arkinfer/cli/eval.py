@@ -18,8 +18,9 @@ from arkinfer.cli._options import (
 from arkinfer.cli._output import console, print_json
 from arkinfer.errors import ArkError
 
-HELP = ("Perplexity on a text file. Protocol: tokenize the whole file without BOS, cut it into "
-        "consecutive non-overlapping windows of --ctx tokens (a trailing partial window is "
+HELP = ("Perplexity on a text file. Protocol: tokenize the whole file without BOS (read and "
+        "tokenised piece by piece with the same ids, only as far as --max-windows needs), cut it "
+        "into consecutive non-overlapping windows of --ctx tokens (a trailing partial window is "
         "dropped), evaluate each window from an empty cache, score every token of a window except "
         "its first; report exp(mean NLL) and the number of scored tokens. MODEL may also be an "
         "artifact folder from `arkinfer build`: it is then scored by its own Runner (llama.cpp "
@@ -41,39 +42,48 @@ def command(
     dense: DenseOpt = False,
     infllmv2: SparseImplOpt = InfLLMv2Impl.fast,
 ) -> None:
+    from itertools import chain
+
     from rich.progress import Progress
 
     from arkinfer.frontend.checkpoint import check_memory, load, open_checkpoint
-    from arkinfer.generate import model_logits_fn, perplexity, window_bytes
+    from arkinfer.generate import (
+        check_windows,
+        model_logits_fn,
+        stream_windows,
+        window_bytes,
+        windows_perplexity,
+    )
     from arkinfer.paths import require_regular_file
     from arkinfer.pipeline.artifact import is_artifact, load_runner
+    from arkinfer.text_pieces import read_pieces, tokenize_pieces
 
-    if max_windows is not None and max_windows < 1:
-        raise ArkError(f"--max-windows {max_windows} is not a number of windows (>= 1)",
-                       hint="pass --max-windows 1 or more, or leave it out to score every window")
+    check_windows(ctx, max_windows)
     if text.is_dir():
         raise ArkError(f"--text {str(text)!r} is a directory; --text needs a UTF-8 text file",
                        hint="pass a file, e.g. --text arkinfer/data/corpus_eval.txt")
-    require_regular_file(text, "--text file")
-    try:
-        content = text.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ArkError(f"{text} is not UTF-8 text: {exc}", hint="convert it to UTF-8") from None
+    require_regular_file(text, "--text file")  # before loading anything; read_pieces checks again
 
-    def check_window_memory(ids: list[int], bytes_per_token: int, where: str) -> None:
-        window = min(ctx, len(ids))  # a text shorter than --ctx is one shorter window
-        check_memory(window * bytes_per_token, f"--ctx {ctx} (a window of {window} tokens of "
-                     f"{where})")
+    def first_window(tokenize, bytes_per_token: int, where: str):
+        """The windows of the text, read and tokenised piece by piece only as far as
+        --max-windows needs, after checking the memory of one window (before reading: a text
+        of B bytes has at most B + 1 tokens, and a shorter text is one shorter window)."""
+        window = min(ctx, text.stat().st_size + 1)
+        check_memory(window * bytes_per_token, f"--ctx {ctx} (a window of up to {window} tokens "
+                     f"of {where})")
+        windows = stream_windows(tokenize_pieces(read_pieces(text, "--text file"), tokenize),
+                                 ctx, max_windows)
+        return chain([next(windows)], windows)  # a text too short fails here, before the model
 
     if is_artifact(model):
         manifest, runner = load_runner(model)
         if dense and "dense" in runner.attention_modes:
             runner.set_attention("dense")
         where = f"{model} ({manifest['backend']['name']} runner)"
-        ids = runner.tokenize(content)
-        check_window_memory(ids, window_bytes(int(manifest["tokenizer"].get("vocab_size") or 0),
-                                              2 * int(manifest["memory"]["kv_bytes_per_token"])),
-                            where)  # the manifest's KV bytes are fp16; the runner's fp32
+        windows = first_window(runner.tokenize,
+                               window_bytes(int(manifest["tokenizer"].get("vocab_size") or 0),
+                                            2 * int(manifest["memory"]["kv_bytes_per_token"])),
+                               where)  # the manifest's KV bytes are fp16; the runner's fp32
         logits_fn = runner.window_logits
     else:
         ckpt = open_checkpoint(model)
@@ -84,18 +94,17 @@ def command(
                            hint=f"use --ctx {cfg.max_position_embeddings} or less")
         if ckpt.tokenizer is None:
             raise ArkError(f"{ckpt.path} has no tokenizer.json", hint="eval needs a tokenizer")
-        ids = ckpt.tokenizer.encode(content, add_special_tokens=False)
+        tokenizer = ckpt.tokenizer
         where = str(ckpt.path)
-        check_window_memory(ids, window_bytes(cfg.vocab_size, 8 * cfg.num_hidden_layers *
-                                              cfg.num_key_value_heads * cfg.head_dim), where)
+        windows = first_window(lambda t: tokenizer.encode(t, add_special_tokens=False),
+                               window_bytes(cfg.vocab_size, 8 * cfg.num_hidden_layers *
+                                            cfg.num_key_value_heads * cfg.head_dim), where)
         _, net = load(ckpt.path, dense=dense, sparse_impl=infllmv2.value)
         logits_fn = model_logits_fn(net, f"the model {where}")
-    if max_windows is not None:
-        ids = ids[: max_windows * ctx]
     with Progress(console=console, transient=True, disable=json_out) as bar:
-        task = bar.add_task("scoring windows", total=None)
-        result = perplexity(logits_fn, ids, ctx, where=where,
-                            progress=lambda done, total: bar.update(task, completed=done, total=total))
+        task = bar.add_task("scoring windows", total=max_windows)
+        result = windows_perplexity(logits_fn, windows, ctx, where=where,
+                                    progress=lambda done, _: bar.update(task, completed=done))
     if json_out:
         print_json({"ppl": result.ppl, "tokens": result.tokens, "windows": result.windows,
                     "ctx": ctx, "model": where, "text": str(text)})

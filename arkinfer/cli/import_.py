@@ -16,6 +16,7 @@ from arkinfer.cli._output import (
     print_json,
     print_kv,
     progress_bar,
+    terminal_safe,
 )
 
 HELP = ("Import a GGUF file into a Hugging Face folder (config.json, safetensors, tokenizer.json, "
@@ -84,7 +85,7 @@ def command(
             task = bar.add_task("import", total=None, name="reading the GGUF header")
 
             def progress(done: int, total: int, name: str) -> None:
-                bar.update(task, completed=done, total=total, name=name)
+                bar.update(task, completed=done, total=total, name=terminal_safe(name))
 
             result = import_gguf(gguf_file, out_dir, dtype=dtype.value, force=force,
                                  max_shard_bytes=shard_bytes, progress=progress)
@@ -116,4 +117,4 @@ def command(
         ("weights", f"{result.dtype}, {result.bytes / 1024**2:.1f} MiB in {shards} file(s)"),
         ("output", f"{result.path}  ({seconds:.1f} s)"),
     ])
-    console.print(f"next: arkinfer inspect {result.path}")
+    console.print(terminal_safe(f"next: arkinfer inspect {result.path}"))

@@ -8,7 +8,7 @@ import typer
 
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import JsonOpt
-from arkinfer.cli._output import console, print_json, print_kv, print_table
+from arkinfer.cli._output import console, print_json, print_kv, print_table, terminal_safe
 
 HELP = ("Describe a model: architecture, parameters, dimensions, sparse config, and weight and "
         "KV-cache memory at 4K/32K/128K context. Reads only config.json and tensor headers. "
@@ -49,7 +49,8 @@ def _print_ir(model: str, passes: str, json_out: bool) -> None:
     if json_out:
         print_json(ir.program_to_json(program))
     else:
-        console.print(ir.print_ir(program), markup=False, highlight=False, end="")
+        console.print(terminal_safe(ir.print_ir(program), keep="\n"), markup=False, highlight=False,
+                      end="")
 
 
 @handle_errors

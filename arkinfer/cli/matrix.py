@@ -11,7 +11,7 @@ import typer
 
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import ForceOpt, JsonOpt
-from arkinfer.cli._output import console, err_console, print_json, print_table
+from arkinfer.cli._output import console, err_console, print_json, print_table, terminal_safe
 
 HELP = ("Build the matrix: every (target, preset) cell with `arkinfer build`, then a short "
         "`arkinfer bench`, each cell in its own process so one failure never stops the others. "
@@ -54,8 +54,8 @@ def _line(entry: dict[str, Any]) -> None:
             "failed": "✗"}.get(entry["status"], "?")
     what = entry["status"].replace("_", " ")
     why = f": {entry['reason']}" if entry["reason"] and entry["status"] != "built" else ""
-    err_console.print(f"{mark} {entry['name']:<32} {what} ({entry['seconds']['total']:.1f} s)"
-                      f"{why}")
+    err_console.print(terminal_safe(f"{mark} {entry['name']:<32} {what} "
+                                    f"({entry['seconds']['total']:.1f} s){why}"))
 
 
 def _table(index: dict[str, Any]) -> None:
@@ -75,7 +75,7 @@ def _list(model: str, cells, out: Path, json_out: bool) -> None:
     from arkinfer.matrix.preflight import decide
     from arkinfer.matrix.run import matrix_folder
 
-    folder, _ = matrix_folder(model, out)
+    folder, _ = matrix_folder(model, out, cells)
     listed = []
     for cell in cells:
         d = decide(cell, model, folder / cell.name)
@@ -117,10 +117,10 @@ def _finish(folder: Path, index: dict[str, Any], json_out: bool,
         print_json(index)
     else:
         _table(index)
-        console.print(f"index: {folder / 'index.json'}; summary: "
-                      + ", ".join(str(p) for p in paths))
+        console.print(terminal_safe(f"index: {folder / 'index.json'}; summary: "
+                                    + ", ".join(str(p) for p in paths)))
         if plot_note:
-            err_console.print(f"note: plot {plot_note}")
+            err_console.print(terminal_safe(f"note: plot {plot_note}"))
     ran = [e for e in index["cells"] if selected is None or e["name"] in selected]
     failed = [e["name"] for e in ran if e["status"] == "failed"]
     if failed:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from arkinfer.cli._errors import handle_errors, report
 from arkinfer.cli._options import BackendOpt, JsonOpt, QuantOpt, TargetOpt
-from arkinfer.cli._output import console, print_json, print_kv, print_table
+from arkinfer.cli._output import console, print_json, print_kv, print_table, terminal_safe
 from arkinfer.latency.plan import CONTEXTS, Plan, make_plan
 from arkinfer.latency.predict import Prediction
 
@@ -147,7 +147,7 @@ def run(model: str, target: str, quant: str, backend: str | None, context: list[
         print_table(f"ops on {plan.backend}", ["op", "implementation"],
                     [list(r) for r in plan.ops()])
         for note in plan.notes:
-            console.print(f"note: {note}", markup=False)
+            console.print(terminal_safe(f"note: {note}"), markup=False)
     if refusal is not None:
         report(refusal)
         raise typer.Exit(code=1)

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import ForceOpt, JsonOpt, ModelArg
+from arkinfer.cli._options import CalibOpt, ForceOpt, JsonOpt, ModelArg, seed_in_range
 from arkinfer.cli._output import (
     console,
     err_console,
@@ -18,6 +18,7 @@ from arkinfer.cli._output import (
     print_kv,
     print_table,
     progress_bar,
+    terminal_safe,
 )
 
 HELP = ("Quantise a float checkpoint (RTN, GPTQ, P-GPTQ, AWQ or ternary) into a runtime layout "
@@ -100,11 +101,11 @@ def command(
                                             "gguf-q4_0, gguf-tq2_0, mlx, ort, ...")] = None,
     preset: Annotated[str | None, typer.Option("--preset", help="Named recipe: marlin, gptq, "
                                                "awq, q4_0, ternary, ...")] = None,
-    calib: Annotated[Path | None, typer.Option("--calib", help="Calibration text (plain or "
-                                               ".jsonl with 'text').")] = None,
+    calib: CalibOpt = None,
     samples: Annotated[int, typer.Option("--samples", help="Calibration sequences.")] = 128,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 512,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the window sampling.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the window sampling, 0..2^64-1.",
+                                      callback=seed_in_range)] = 0,
     damp: Annotated[float | None, typer.Option("--damp", help="GPTQ damping fraction.")] = None,
     quantize_lm_head: Annotated[bool, typer.Option("--quantize-lm-head",
                                                    help="Quantise lm_head too.")] = False,
@@ -136,7 +137,7 @@ def command(
     if group_size is None:  # the preset's group, fitted to the model as `build` fits it
         recipe, notes = fit_recipe(recipe, ckpt.raw_config)
         for note in notes:
-            err_console.print(f"note: {note}", markup=False)
+            err_console.print(terminal_safe(f"note: {note}"), markup=False)
     options: dict = {"damp": damp} if damp is not None else {}
     if static_groups:
         options.update(static_groups=True, act_order=act_order)
@@ -167,24 +168,44 @@ def command(
         def run_it(progress=None):
             return calibrate(ckpt, recipe, data, work, options=options, resume=resume,
                              strict=strict, progress=progress)
-    if json_out:
-        run = run_it()
-    else:
-        err_console.print(what, markup=False)
-        with _progress_bar() as bar:
-            task = bar.add_task("quantise", total=ckpt.config.num_hidden_layers, info="")
+    try:
+        if json_out:
+            run = run_it()
+        else:
+            err_console.print(terminal_safe(what), markup=False)
+            with _progress_bar() as bar:
+                task = bar.add_task("quantise", total=ckpt.config.num_hidden_layers, info="")
 
-            def progress(layer: int, n_layers: int, seconds: float) -> None:
-                bar.update(task, completed=layer + 1, total=n_layers,
-                           info=f"block {layer} took {seconds:.1f} s")
+                def progress(layer: int, n_layers: int, seconds: float) -> None:
+                    bar.update(task, completed=layer + 1, total=n_layers,
+                               info=f"block {layer} took {seconds:.1f} s")
 
-            run = run_it(progress)
-    folder = export_folder(run, out, force=force)
+                run = run_it(progress)
+        folder = export_folder(run, out, force=force)
+    except BaseException:
+        _after_failure(work, resumable=not (is_weight_only(recipe) and not report))
+        raise
     summary = json.loads((folder / "quant_summary.json").read_text())
     if json_out:
         print_json({"path": str(folder), **summary})
         return
     _print_summary(folder, summary)
+
+
+def _after_failure(work: Path, *, resumable: bool) -> None:
+    """A failed run (disk full, Ctrl-C, ...) leaves no work folder that means nothing: a
+    calibration's finished blocks are kept for --resume and the user is told where; RTN and
+    ternary work (no --resume) is removed. Only a folder holding ArkInfer's marker is touched."""
+    from arkinfer.output_folder import remove_work_folder
+
+    if not resumable:
+        remove_work_folder(work)
+    elif any(work.glob("block_*.safetensors")):
+        err_console.print(terminal_safe(f"note: the finished blocks are kept in {work}; rerun the "
+                                        "same command with --resume to continue from them, or "
+                                        "delete that folder"), markup=False)
+    else:
+        remove_work_folder(work)
 
 
 def _progress_bar():
@@ -230,4 +251,5 @@ def _print_summary(folder: Path, s: dict) -> None:
         ("time", times),
         ("output", str(folder)),
     ])
-    console.print(f"next: arkinfer eval {folder} --text arkinfer/data/corpus_eval.txt")
+    console.print(terminal_safe(f"next: arkinfer eval {folder} --text "
+                                "arkinfer/data/corpus_eval.txt"))

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import JsonOpt
-from arkinfer.cli._output import err_console, print_json, print_kv, print_table
+from arkinfer.cli._output import err_console, print_json, print_kv, print_table, terminal_safe
 
 HELP = ("Verify an artifact: the manifest against its JSON schema, the sha256 of every file, then "
         "its Runner on this machine against the float reference model on fixed prompts (top-1 "
@@ -44,8 +44,9 @@ def command(
         result = verify_artifact(artifact, overrides=overrides, source=source)
     else:
         with err_console.status(Text("verifying")) as status:
-            result = verify_artifact(artifact, overrides=overrides, source=source,
-                                     step=lambda m: status.update(Text(f"verifying: {m}")))
+            result = verify_artifact(
+                artifact, overrides=overrides, source=source,
+                step=lambda m: status.update(Text(terminal_safe(f"verifying: {m}"))))
     if json_out:
         print_json(result)
     else:
@@ -72,7 +73,7 @@ def command(
             f"{result['source']['path']} (chosen by {result['source']['chosen_by']})"))])
         _print_manifest_differences(result)
         for line in result.get("deferred", []):
-            err_console.print(f"note: not verified here: {line}")
+            err_console.print(terminal_safe(f"note: not verified here: {line}"))
     if not result["passed"]:
         raise VerifyError(f"{artifact} failed verification: " + "; ".join(result["failures"]),
                           hint="rebuild with a more precise --quant, or pass --threshold to "
@@ -91,5 +92,6 @@ def _print_manifest_differences(result: dict) -> None:
                     [[m["metric"], m["recorded"], m["measured"]] for m in mismatches])
     ignored = result.get("manifest_thresholds_ignored")
     if ignored is not None:
-        err_console.print(f"note: the manifest records the thresholds {ignored}; verify applies "
-                          f"the scheme's {result['thresholds']} (pass --threshold to change them)")
+        err_console.print(terminal_safe(
+            f"note: the manifest records the thresholds {ignored}; verify applies the scheme's "
+            f"{result['thresholds']} (pass --threshold to change them)"))

@@ -69,7 +69,9 @@ def cached_import(gguf: Path, out: Path | None = None, progress: ProgressFn | No
     out.parent.mkdir(parents=True, exist_ok=True)
     with locked(out.parent, f"import-{out.name}"):
         if _importer_version(out) != IMPORTER_VERSION:
-            if in_cache and out.is_dir() and imported_metadata(out) is None:
-                shutil.rmtree(out)  # the cache's own folder, damaged (e.g. half deleted by hand)
+            if in_cache and out.is_dir():
+                # the cache's own folder, from another importer version or damaged (e.g. half
+                # deleted by hand): a folder under the cache is ArkInfer's by where it is
+                shutil.rmtree(out)
             import_gguf(gguf, out, dtype="f32", force=True, progress=progress)
     return out

@@ -90,7 +90,7 @@ def open_checkpoint(name: str | Path, with_tokenizer: bool = True) -> Checkpoint
     weights = LazyWeights(weight_files(folder))
     check_layers(config, weights, folder)  # before anything builds num_hidden_layers layers
     generation = read_generation_config(folder, config.vocab_size)
-    tokenizer = load_tokenizer(folder, generation) if with_tokenizer else None
+    tokenizer = load_tokenizer(folder, generation, config.vocab_size) if with_tokenizer else None
     return Checkpoint(folder, raw, config, weights, generation, tokenizer)
 
 

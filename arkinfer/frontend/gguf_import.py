@@ -30,12 +30,14 @@ from arkinfer.frontend import gguf_model, gguf_tokenizer
 from arkinfer.frontend.gguf_reader import GGUFFile
 from arkinfer.frontend.safetensors_io import read_metadata
 from arkinfer.frontend.shard_writer import DTYPES, TensorSpec, WeightDtype, write_shards
-from arkinfer.output_folder import (OutputError, check_output, remove_leftovers,
-                                     replace_folder, staging_path)
+from arkinfer.output_folder import (MARKER, OutputError, check_output, make_staging,
+                                     remove_leftovers, replace_folder)
+from arkinfer.owned_folder import file_hashes, record_files
 
 ProgressFn = Callable[[int, int, str], None]
+RECORD_NAME = "arkinfer_import.json"  # every file the import wrote, with its sha256
 DEFAULT_SHARD_BYTES = 5 * 1000**3  # Hugging Face's save_pretrained default ("5GB")
-IMPORTER_VERSION = "1"  # bump when the output of the same GGUF changes; caches compare it
+IMPORTER_VERSION = "2"  # bump when the output of the same GGUF changes; caches compare it
 _F16_MAX = 65504.0
 
 __all__ = ["DEFAULT_SHARD_BYTES", "IMPORTER_VERSION", "ImportResult", "import_gguf"]
@@ -75,10 +77,16 @@ def imported_metadata(folder: Path) -> dict[str, str] | None:
     return {k: v for k, v in meta.items() if k.startswith("arkinfer_")}
 
 
+def import_record(folder: Path) -> dict[str, str | None] | None:
+    """{relative path: sha256} of the files an import's `arkinfer_import.json` lists (itself with
+    None); None for any other folder, or an import written before imports listed their files."""
+    return record_files(folder / RECORD_NAME)
+
+
 def _check_out_dir(out: Path, source: Path, force: bool) -> None:
     try:
-        check_output(out, force=force, what="ArkInfer import of a GGUF file",
-                     is_ours=lambda folder: imported_metadata(folder) is not None,
+        check_output(out, force=force, what=f"ArkInfer import of a GGUF file (with {RECORD_NAME})",
+                     record=import_record,
                      protected=[(source, "the GGUF file being imported")])
     except OutputError as exc:
         raise GGUFError(exc.message, hint=exc.hint) from None
@@ -145,8 +153,8 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: WeightDtype =
 
     created_parent = _first_missing_ancestor(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = staging_path(out, "importing", f"-{secrets.token_hex(4)}")
-    tmp.mkdir()  # not mkdtemp: the folder keeps the user's umask permissions after the rename
+    # not mkdtemp: the folder keeps the user's umask permissions after the rename
+    tmp = make_staging(out, "importing", f"-{secrets.token_hex(4)}")
     try:
         if progress is not None:
             progress(0, total, "")
@@ -160,6 +168,8 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: WeightDtype =
         files += ["config.json", "generation_config.json", "tokenizer.json",
                   "tokenizer_config.json"]
         size = sum((tmp / name).stat().st_size for name in files)
+        _write_json(tmp / RECORD_NAME, {"source": gguf.path.name, "importer": IMPORTER_VERSION,
+                                        "files": file_hashes(tmp, skip=(MARKER,))})
         replace_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

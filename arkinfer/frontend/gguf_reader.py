@@ -85,13 +85,29 @@ class GGUFFile:
         self.arch: str = arch
 
     def _check_extent(self, size: int) -> None:
-        """Every tensor's bytes must lie inside the file (catches a truncated download)."""
+        """Every tensor's bytes lie inside the file (catches a truncated download), start at a
+        multiple of `general.alignment` (default 32) from the data section, and no two tensors
+        share a byte: llama.cpp's writer lays them out that way, so anything else is a damaged
+        or crafted file whose tensors would alias each other's weights."""
+        align, base = int(self.reader.alignment), int(self.reader.data_offset)
         for t in self.reader.tensors:
             end = int(t.data_offset) + int(t.n_bytes)
             if end > size or t.data.nbytes != int(t.n_bytes):
                 raise GGUFError(
                     f"{self.path} is truncated: tensor '{t.name}' ends at byte {end} but the file "
                     f"has {size} bytes", hint=_bad_file_hint(self.path))
+            if (int(t.data_offset) - base) % align:
+                raise GGUFError(
+                    f"{self.path}: tensor '{t.name}' starts at data offset "
+                    f"{int(t.data_offset) - base}, not a multiple of general.alignment={align}",
+                    hint=_bad_file_hint(self.path))
+        spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes), t.name)
+                       for t in self.reader.tensors if int(t.n_bytes) > 0)
+        for (start_a, end_a, name_a), (start_b, _end_b, name_b) in zip(spans, spans[1:]):
+            if start_b < end_a:
+                raise GGUFError(
+                    f"{self.path}: tensors '{name_a}' (bytes {start_a}..{end_a - 1}) and "
+                    f"'{name_b}' (from byte {start_b}) overlap", hint=_bad_file_hint(self.path))
 
     # -- metadata ------------------------------------------------------------------------------
 

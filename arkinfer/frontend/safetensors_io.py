@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from arkinfer.errors import CheckpointError
-from arkinfer.paths import require_regular_file, resolve_inside
+from arkinfer.paths import read_limited, require_regular_file, resolve_inside
 
 # safetensors dtype tag -> (torch dtype, bytes per element)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -35,6 +35,9 @@ DTYPES: dict[str, tuple[torch.dtype, int]] = {
 
 INDEX_NAME = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 1024 * 1024
+
+# An index lists every tensor once (~100 bytes each): the largest on the Hub are ~10 MB.
+INDEX_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -168,9 +171,9 @@ def weight_files(folder: Path) -> list[Path]:
     symlink out of it): weights are never read from elsewhere."""
     index = folder / INDEX_NAME
     if index.exists() or index.is_symlink():
-        require_regular_file(index, INDEX_NAME, CheckpointError)
+        raw = read_limited(index, INDEX_NAME, INDEX_MAX_BYTES, CheckpointError)
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = json.loads(raw)["weight_map"]
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError,
                 TypeError) as exc:
             raise CheckpointError(f"{index} is malformed: {type(exc).__name__}: {exc}",

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import UTC, datetime
 from functools import cache
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,32 @@ def read_index(folder: Path) -> dict[str, Any] | None:
                              hint="delete it and rerun `arkinfer matrix`") from None
     validate_index(data, str(path))
     return data
+
+
+def matrix_record(folder: Path, run_cells: Iterable[str] = ()) -> dict[str, str | None] | None:
+    """The entries a matrix run writes in `folder` (output_folder's `record` for a matrix
+    folder): index.json, summary.md / summary.png, and per cell of the index or of this run
+    (`run_cells`) its artifact folder (a subtree: each cell's build applies the artifact rules to
+    it, so a user's folder there fails that cell and stays untouched), `CELL.bench.json`,
+    `logs/CELL.log` and the hidden leftovers of its builds and index writes. None when `folder`
+    holds no valid matrix index (a web project's index.json is not one)."""
+    from arkinfer.matrix.summary import MARKDOWN_NAME, PLOT_NAME
+
+    try:
+        index = read_index(folder)
+    except IndexFileError:
+        return None
+    if index is None:
+        return None
+    names: dict[str, str | None] = {INDEX_NAME: None, MARKDOWN_NAME: None, PLOT_NAME: None}
+    cells = sorted({e["name"] for e in index["cells"]} | set(run_cells))
+    for cell in cells:
+        names.update({f"{cell}/": None, f"{cell}.bench.json": None, f"logs/{cell}.log": None})
+    hidden = re.compile(rf"^\.({'|'.join(map(re.escape, [INDEX_NAME, *cells]))})\.")
+    for p in folder.iterdir():
+        if hidden.match(p.name):
+            names[p.name + ("/" if p.is_dir() and not p.is_symlink() else "")] = None
+    return names
 
 
 def write_index(folder: Path, index: dict[str, Any]) -> Path:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ from arkinfer.matrix.cell import CellJob, run_cell, terminate_children
 from arkinfer.matrix.preflight import decide
 from arkinfer.matrix.table import Cell
 
+MATRIX_FOLDER = "ArkInfer matrix folder (one with a valid matrix index.json)"
 # A short bench: enough for a decode rate per cell, seconds on the demo model.
 DEFAULT_BENCH_ARGS = ("-p", "64", "-n", "16", "-r", "2", "--warmup", "1")
 
@@ -77,17 +78,20 @@ def check_thresholds(items: tuple[str, ...], cells: list[Cell]) -> None:
         parse_threshold_overrides([rest if sep else item])
 
 
-def matrix_folder(model: str, out_root: Path) -> tuple[Path, Path]:
+def matrix_folder(model: str, out_root: Path, cells: Iterable[Cell] = ()) -> tuple[Path, Path]:
     """(OUT/MODEL, the source checkpoint), after build's -o safety rules for OUT/MODEL: it may be
-    new, empty, or a matrix folder ArkInfer wrote (it holds index.json)."""
-    from arkinfer.frontend.checkpoint import resolve_model_path
-    from arkinfer.output_folder import check_output
+    new, empty, or a matrix folder ArkInfer wrote (a valid index.json, and nothing but what a
+    matrix run of its cells and of `cells` writes: `index.matrix_record`)."""
+    from arkinfer.frontend.checkpoint import read_config, resolve_model_path
+    from arkinfer.output_folder import check_output, child_folder
     from arkinfer.pipeline.plan import model_name_of
 
     source = resolve_model_path(model)
-    folder = Path(out_root) / model_name_of(model, source)
-    check_output(folder, force=True, what="ArkInfer matrix folder (one with index.json)",
-                 is_ours=lambda p: (p / ix.INDEX_NAME).is_file(),
+    read_config(source)  # not a model (an empty folder, no config.json): the whole run's error
+    folder = child_folder(Path(out_root), model_name_of(model, source), "the model's name")
+    names = [c.name for c in cells]
+    check_output(folder, force=True, what=MATRIX_FOLDER,
+                 record=lambda p: ix.matrix_record(p, names),
                  protected=[(source, "the source model")])
     return folder, source
 
@@ -120,7 +124,7 @@ def run_matrix(model: str, cells: list[Cell], out_root: Path, settings: MatrixSe
     """Build, verify and bench every cell (see the module docstring); returns (OUT/MODEL, the
     final index). Raises ArkError only for problems of the whole run (model, -o, arguments)."""
     check_thresholds(settings.thresholds, cells)
-    folder, source = matrix_folder(model, out_root)
+    folder, source = matrix_folder(model, out_root, cells)
     folder.mkdir(parents=True, exist_ok=True)
     previous = ix.read_index(folder)
     index = ix.new_index(folder.name, source, settings.bench_args)
@@ -177,7 +181,7 @@ def merge_into(paths: list[Path], out_root: Path) -> tuple[Path, dict[str, Any]]
     """Merge the index.json files at `paths` (files, or folders searched recursively) into
     OUT/MODEL/index.json (same -o rules as a run); what CI's merge job calls. Artifacts stay
     where they are: each entry's `path` is relative to the index that built it."""
-    from arkinfer.output_folder import check_output
+    from arkinfer.output_folder import check_output, child_folder
 
     files: list[Path] = []
     for p in paths:
@@ -194,9 +198,8 @@ def merge_into(paths: list[Path], out_root: Path) -> tuple[Path, dict[str, Any]]
                            hint=f"give {ix.INDEX_NAME} files or folders that hold them")
         indexes.append(index)
     merged = ix.merge_indexes(indexes)
-    folder = Path(out_root) / merged["model"]
-    check_output(folder, force=True, what="ArkInfer matrix folder (one with index.json)",
-                 is_ours=lambda p: (p / ix.INDEX_NAME).is_file())
+    folder = child_folder(Path(out_root), merged["model"], f"the `model` of {files[0]}")
+    check_output(folder, force=True, what=MATRIX_FOLDER, record=ix.matrix_record)
     folder.mkdir(parents=True, exist_ok=True)
     ix.write_index(folder, merged)
     return folder, merged

@@ -37,18 +37,36 @@ FLOAT_LIMITS: dict[str, tuple[float, float]] = {
 
 
 def range_problem(key: str, value: Any) -> str | None:
-    """Why `value` is out of range for `key` (INT_LIMITS / FLOAT_LIMITS, finiteness), or None."""
+    """Why `value` is out of range for `key` (INT_LIMITS / FLOAT_LIMITS, finiteness), or None.
+
+    Works on the value as written: an int is compared exactly (never converted to float first,
+    which would raise OverflowError for 10**400)."""
     if isinstance(value, float) and not math.isfinite(value):
         return f"'{key}' must be a finite number, got {value!r}"
     if key in INT_LIMITS:
         low, high = INT_LIMITS[key]
         if not low <= value <= high:
-            return f"'{key}' = {value!r} is out of range; allowed {low}..{high}"
+            return f"'{key}' = {_short(value)} is out of range; allowed {low}..{high}"
     elif key in FLOAT_LIMITS:
         low_f, high_f = FLOAT_LIMITS[key]
         if not low_f < value <= high_f:
-            return f"'{key}' = {value!r} is out of range; allowed > {low_f:g} and <= {high_f:g}"
+            return (f"'{key}' = {_short(value)} is out of range; allowed > {low_f:g} "
+                    f"and <= {high_f:g}")
+    elif isinstance(value, int) and value.bit_length() > 1000:
+        return f"'{key}' = {_short(value)} is too large"  # float() of it would overflow
     return None
+
+
+def _short(value: Any) -> str:
+    """repr of a config value, huge ints abbreviated (10**400 -> 'about 1e+400', not 401 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        try:
+            exponent = len(str(abs(value))) - 1
+        except ValueError:  # beyond Python's int-to-str digit limit
+            exponent = int((value.bit_length() - 1) * math.log10(2))
+        return f"{'-' if value < 0 else ''}about 1e+{exponent}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class ConfigReader:
@@ -66,18 +84,20 @@ class ConfigReader:
                 self.problems.append(f"missing key '{key}' ({kind.__name__})")
             return None if default is REQUIRED else default
         value = self.raw[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            self.problems.append(f"'{key}' must be {kind.__name__}, got {value!r}")
+        # Type first (bool is not a number; an int literal is a float's value), then the range on
+        # the value as written, and only then the conversion: `"rope_theta": 0` is refused like 0.0.
+        accepted = (int, float) if kind is float else kind
+        if not isinstance(value, accepted) or (kind in (int, float) and isinstance(value, bool)):
+            self.problems.append(f"'{key}' must be {kind.__name__}, got {_short(value)}")
             return None if default is REQUIRED else default
         if kind in (int, float):
             problem = range_problem(key, value)
             if problem is None and key not in ("bos_token_id", "pad_token_id") and value < 0:
-                problem = f"'{key}' must not be negative, got {value!r}"
+                problem = f"'{key}' must not be negative, got {_short(value)}"
             if problem:
                 self.problems.append(problem)
                 return None if default is REQUIRED else default
+            return float(value) if kind is float else value
         return value
 
     def check(self, ok: bool, problem: str) -> None:

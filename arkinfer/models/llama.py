@@ -321,6 +321,17 @@ class LlamaForCausalLM(nn.Module):
         shape = (batch, cfg.num_key_value_heads, 0, cfg.head_dim)
         return [(p.new_zeros(shape), p.new_zeros(shape)) for _ in range(cfg.num_hidden_layers)]
 
+    @torch.no_grad()
+    def rope_is_finite(self, positions: Tensor) -> bool:
+        """Whether the RoPE tables of a call at `positions` [T] are finite: the rope op applied to
+        ones at the first and last position (angle = position x frequency grows with the
+        position, and 0 x inf is NaN at position 0). A config value can make them NaN/inf
+        (rope_theta 0, a tiny rope_scaling factor), and the fused attention may then hide it."""
+        ends = torch.stack([positions.min(), positions.max()])
+        inv_freq, scale = self.config.inv_freq(int(ends[1]) + 1)
+        ones = torch.ones(1, 1, 2, self.config.head_dim)
+        return bool(torch.isfinite(torch.ops.arkinfer.rope(ones, ends, inv_freq, scale)).all())
+
     def forward(self, input_ids: Tensor, positions: Tensor, cache: list[LayerCache]
                 ) -> tuple[Tensor, list[LayerCache]]:
         """input_ids [B, T] int64, positions [T] int64 (absolute, = S-T..S-1) -> logits [B, T, V] fp32."""

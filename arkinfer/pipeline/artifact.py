@@ -78,7 +78,8 @@ def verify_artifact(path: str | Path, *, overrides: dict[str, float] | None = No
             result["passed"] = False
             result["failures"].append(fidelity["failure"])
     recorded = manifest["verification"]
-    result["recorded_mismatches"] = recorded_mismatches(recorded["metrics"], result["metrics"])
+    result["recorded_mismatches"] = recorded_mismatches(recorded["metrics"], result["metrics"],
+                                                        recorded["thresholds"])
     if recorded["thresholds"] != result["thresholds"]:
         result["manifest_thresholds_ignored"] = recorded["thresholds"]
     result["artifact"] = str(path)

@@ -27,8 +27,6 @@ from typing import Any
 from arkinfer.errors import ArkError
 from arkinfer.huge_pages import status as huge_page_status
 
-from .verify import EVAL_TEXT
-
 # llama-bench's JSON fields we fill (same names and meaning), then ArkInfer's own.
 LLAMA_BENCH_FIELDS = ("cpu_info", "backends", "model_filename", "model_type", "model_size",
                       "model_n_params", "n_threads", "n_prompt", "n_gen", "n_depth", "test_time",
@@ -37,25 +35,86 @@ OUR_FIELDS = ("test", "attention", "ttft_ms", "peak_rss_bytes", "predicted_ts",
               "measured_over_predicted", "target", "quant", "huge_page_malloc")
 
 
+# Bounds checked when a BenchSpec is made (before anything is loaded or allocated): token counts,
+# and depth + length, up to 16 Mi (the longest contexts of today's models; the cycled ids are
+# then at most 128 MiB), and run counts a human would wait for. (flag, field, low, high)
+MAX_TOKENS = 1 << 24
+LIMITS = (("-p", "prompts", 0, MAX_TOKENS), ("-n", "gens", 0, MAX_TOKENS),
+          ("-d", "depths", 0, MAX_TOKENS), ("-r", "repetitions", 1, 10_000),
+          ("--warmup", "warmup", 0, 1_000))
+RPC_TIMEOUT_S = 60.0  # default seconds each remote step (connect, upload, call) may take
+
+
 @dataclass(frozen=True)
 class BenchSpec:
+    """What to measure; every number is range-checked here (ArkError naming the flag, the value
+    and the allowed range). `rpc_timeout`: seconds each remote step may take (`bench --rpc`)."""
+
     prompts: tuple[int, ...] = (512,)
     gens: tuple[int, ...] = (128,)
     depths: tuple[int, ...] = (0,)
     repetitions: int = 5
     warmup: int = 1
     attention: tuple[str, ...] = ("default",)
+    rpc_timeout: float = RPC_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for flag, field, low, high in LIMITS:
+            values = getattr(self, field)
+            for v in values if isinstance(values, tuple) else (values,):
+                if not low <= v <= high:
+                    raise ArkError(f"{flag} {v} is outside the allowed range {low}..{high:,}",
+                                   hint=f"pass {flag} between {low} and {high:,}")
+        if not self.prompts or not self.gens or not self.depths:
+            raise ArkError("-p, -n and -d each need at least one value", hint="e.g. -p 512 -n 128")
+        if not any(self.prompts + self.gens):
+            raise ArkError("-p and -n are all 0: at least one test needs a length above 0",
+                           hint="e.g. -p 512 -n 128, or -p 0 -n 128 for generation only")
+        self.check_context(MAX_TOKENS, "a bench")
+        if not 0 < self.rpc_timeout <= 86_400:  # also false for NaN
+            raise ArkError(f"--rpc-timeout {self.rpc_timeout} is not a number of seconds in "
+                           "(0, 86400]", hint=f"e.g. --rpc-timeout {RPC_TIMEOUT_S:.0f}")
+
+    @property
+    def positions(self) -> int:
+        """The most positions a test fills: depth, then a prompt, or the first token and the
+        generated ones."""
+        return max(self.depths) + max(max(self.prompts), max(self.gens) + 1)
+
+    def check_context(self, context: int | None, where: str) -> None:
+        """ArkError, naming the flags, when the tests need more positions than `context` (the
+        most tokens `where` holds; None: unknown, not checked)."""
+        if context is None or self.positions <= context:
+            return
+        raise ArkError(f"-d {max(self.depths)} with -p {max(self.prompts)} / -n "
+                       f"{max(self.gens)} needs {self.positions:,} positions; {where} holds "
+                       f"{context:,} tokens",
+                       hint=f"pass -p, -n and -d values whose depth + length stay within "
+                       f"{context:,}, e.g. -p {min(512, context // 2)} -n "
+                       f"{min(128, context // 4)} -d 0")
+
+
+def runner_context(runner, raw_config: dict[str, Any] | None) -> int | None:
+    """The most tokens a bench may put in `runner`'s cache: the cache size the runner was loaded
+    with where it has one (llama.cpp's `n_ctx`, onnxruntime's `max_positions`), never more than
+    the source model's `max_position_embeddings` (`raw_config`, when the source is on this
+    machine); None when neither is known."""
+    sizes = [getattr(runner, "n_ctx", None), getattr(runner, "max_positions", None),
+             (raw_config or {}).get("max_position_embeddings")]
+    sizes = [s for s in sizes if isinstance(s, int) and not isinstance(s, bool) and s > 0]
+    return min(sizes) if sizes else None
 
 
 def bench_tokens(runner, count: int) -> list[int]:
-    """`count` token ids: the runner's tokenisation of corpus_eval.txt, cycled."""
+    """`count` token ids: the runner's tokenisation of corpus_eval.txt, cycled (`count` is
+    bounded by BenchSpec's MAX_TOKENS)."""
+    from .verify import EVAL_TEXT  # here: verify imports torch, and BenchSpec is checked first
+
     ids = runner.tokenize(EVAL_TEXT.read_text(encoding="utf-8"))
     if not ids:
         raise ArkError("the artifact's tokenizer returned no tokens for the bench text",
                        hint="check the artifact's tokenizer files")
-    while len(ids) < count:
-        ids = ids + ids
-    return ids[:count]
+    return (ids * (count // len(ids) + 1))[:count]
 
 
 def _time_pp(runner, context: list[int], prompt: list[int]) -> float:
@@ -78,10 +137,13 @@ def _time_tg(runner, context: list[int], gen: list[int]) -> float:
 
 def run_bench(runner, manifest: dict[str, Any], spec: BenchSpec, *,
               predictor: Callable[[str, int, int, int, str], float | None] | None = None,
-              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """One row per (attention, depth, test) with llama-bench's fields and ours."""
+              progress: Callable[[str], None] | None = None,
+              context: int | None = None) -> list[dict[str, Any]]:
+    """One row per (attention, depth, test) with llama-bench's fields and ours. `context`: the
+    most tokens the runner holds (`runner_context`); more is refused before any token is made."""
     from arkinfer.targets.machine import cpu_model
 
+    spec.check_context(context, manifest["name"])
     need = max(spec.depths) + max(spec.prompts + spec.gens) + 1
     tokens = bench_tokens(runner, need)
     rows = []
@@ -181,7 +243,11 @@ def recipe_of(manifest: dict[str, Any]):
 
 def write_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     """tokens/s against context depth: prompt processing (left) and generation (right), one line
-    per (test, attention) with the standard deviation as error bars; PNG."""
+    per (test, attention) with the standard deviation as error bars; PNG (or SVG/PDF by the
+    extension), written exactly at `path` (`arkinfer.plot_file`). Returns the path written."""
+    from arkinfer.plot_file import check_plot_path, save_figure
+
+    check_plot_path(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,7 +274,7 @@ def write_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
             ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    try:
+        return save_figure(fig, path)
+    finally:
+        plt.close(fig)

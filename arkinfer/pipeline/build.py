@@ -7,7 +7,7 @@ The artifact is assembled in a hidden sibling folder `.NAME.building-PID` and re
 `plan.out` only after verification passed and the manifest (with the hash of every file) is
 written, so an interrupted or failed build leaves no artifact behind; an existing artifact is
 replaced atomically (`arkinfer.output_folder`). Calibration work goes to `.NAME.work-PID` and is
-removed at the end. Leftovers of a killed build (whose PID is gone) are removed by the next build
+removed at the end (both hold ArkInfer's marker file until then). Leftovers of a killed build (whose PID is gone) are removed by the next build
 of the same name.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import shutil
 import signal
 import sys
 import time
@@ -30,7 +29,8 @@ from arkinfer import __version__
 from arkinfer.backend import LowerRequest, get_backend
 from arkinfer.errors import ArkError
 from arkinfer.targets.machine import machine_info
-from arkinfer.output_folder import remove_leftovers, replace_folder, staging_path
+from arkinfer.output_folder import (make_staging, remove_leftovers, remove_work_folder,
+                                    replace_folder)
 
 from . import manifest as mf
 from .plan import BuildPlan, check_artifact_output
@@ -81,11 +81,8 @@ def build(plan: BuildPlan, *, threshold_overrides: dict[str, float] | None = Non
     out = plan.out
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(out)
-    staging = staging_path(out, "building")
-    work = staging_path(out, "work")
-    for d in (staging, work):
-        shutil.rmtree(d, ignore_errors=True)
-    staging.mkdir()
+    staging = make_staging(out, "building")
+    work = make_staging(out, "work")
     timings: dict[str, float] = {}
     try:
         with _terminate_as_interrupt():
@@ -107,8 +104,8 @@ def build(plan: BuildPlan, *, threshold_overrides: dict[str, float] | None = Non
             rep.stage_done("write", time.perf_counter() - t0, str(out))
             return BuildResult(out, data)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work_folder(staging)  # gone already once it was swapped in
+        remove_work_folder(work)
 
 
 def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
@@ -156,7 +153,7 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
                            dtype=plan.dtype, target=plan.target, out_dir=staging,
                            options=plan.options, progress=rep.step, program=program)
     lowered = backend.lower(request)
-    shutil.rmtree(work, ignore_errors=True)  # the quantised folder is no longer needed
+    remove_work_folder(work)  # the quantised folder is no longer needed
     if in_lower:
         _fill_from_lower(quant_record, lowered)
     done("lower", f"{len(lowered.files)} files" + (

@@ -14,7 +14,6 @@ when a field changes meaning.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import stat
 from functools import cache
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from arkinfer.errors import ArkError
+from arkinfer.output_folder import MARKER
+from arkinfer.owned_folder import Entry, sha256_file, unlisted_entries, walk
 from arkinfer.paths import require_regular_file, resolve_inside
 
 MANIFEST_NAME = "arkinfer.json"
@@ -40,24 +41,17 @@ def schema() -> dict[str, Any]:
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def file_hashes(folder: Path, progress=None) -> dict[str, dict[str, Any]]:
-    """{relative path: {"sha256", "bytes"}} of every file under `folder` except the manifest."""
+    """{relative path: {"sha256", "bytes"}} of every regular file under `folder` except the
+    manifest and the staging marker (which leaves the folder before it becomes the artifact)."""
     out = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = path.relative_to(folder).as_posix()
-        if rel == MANIFEST_NAME:
+    for entry in walk(folder):
+        if entry.kind != "file" or entry.rel in (MANIFEST_NAME, MARKER):
             continue
         if progress is not None:
-            progress(f"hash {rel}")
-        out[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+            progress(f"hash {entry.rel}")
+        path = folder / entry.rel
+        out[entry.rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
     return out
 
 
@@ -102,6 +96,9 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise ManifestError(f"{folder} has no {MANIFEST_NAME}; it is not an ArkInfer artifact "
                             "(or its build did not finish)", hint="build it with `arkinfer build`")
+    if path.is_symlink():  # it would vouch for files it does not sit beside
+        raise ManifestError(f"{path} is a symlink; an artifact's manifest is a regular file in "
+                            "the artifact folder", hint="rebuild the artifact with `arkinfer build`")
     require_regular_file(path, "the artifact manifest", ManifestError)
     if path.stat().st_size > MAX_MANIFEST_BYTES:
         raise ManifestError(f"{path} is {path.stat().st_size} bytes; a manifest is at most "
@@ -146,8 +143,22 @@ def check_files(folder: Path, manifest: dict[str, Any], progress=None) -> list[s
         elif sha256_file(path) != info["sha256"]:
             problems.append(f"{rel}: sha256 differs from the manifest (the file was changed or "
                             "corrupted)")
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = path.relative_to(folder).as_posix()
-        if rel != MANIFEST_NAME and rel not in expected:
-            problems.append(f"{rel}: not listed in the manifest (added after the build)")
+    listed = {**expected, MANIFEST_NAME: None}
+    problems += [f"{e.rel}: {_unlisted(e)}" for e in unlisted_entries(walk(folder), listed)]
     return problems
+
+
+def _unlisted(entry: Entry) -> str:
+    if entry.kind == "file":
+        return "not listed in the manifest (added after the build)"
+    return f"a {entry.kind} the manifest does not list (an artifact holds only listed files)"
+
+
+def artifact_record(folder: Path) -> dict[str, str | None] | None:
+    """{relative path: sha256} of the files `folder`'s manifest lists, the manifest itself with
+    None; None when `folder` holds no valid manifest (output_folder's `record` for artifacts)."""
+    try:
+        manifest = read_manifest(folder)
+    except ArkError:
+        return None
+    return {**{rel: info["sha256"] for rel, info in manifest["files"].items()}, MANIFEST_NAME: None}

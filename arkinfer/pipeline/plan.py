@@ -11,11 +11,12 @@ an hour of calibration:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import backend_names, get_backend
+from arkinfer.backend import backend_names, check_backend_options, get_backend
 from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.frontend.checkpoint import read_config, resolve_model_path
 from arkinfer.output_folder import check_output
@@ -83,22 +84,14 @@ class BuildPlan:
                 "options": self.options, "notes": self.notes}
 
 
-def is_valid_artifact(folder: Path) -> bool:
-    """True when `folder` holds an ArkInfer artifact with a readable, schema-valid manifest."""
-    from arkinfer.pipeline.manifest import read_manifest
-
-    try:
-        read_manifest(folder)
-    except ArkError:
-        return False
-    return True
-
-
 def check_artifact_output(out: Path, source: Path, *, force: bool) -> None:
-    """Raise unless `build` may write `out`: --force replaces only an existing artifact (or an
-    empty folder), never the current folder, a parent of it or the source model."""
+    """Raise unless `build` may write `out`: --force replaces only an existing artifact whose
+    manifest lists every file in it, unchanged (or an empty folder), never the current folder, a
+    parent of it or the source model."""
+    from arkinfer.pipeline.manifest import artifact_record
+
     check_output(out, force=force, what="ArkInfer artifact (a folder with a valid arkinfer.json)",
-                 is_ours=is_valid_artifact, protected=[(source, "the source model")])
+                 record=artifact_record, protected=[(source, "the source model")])
 
 
 def default_out(model_name: str, target_id: str, quant: str) -> Path:
@@ -134,9 +127,13 @@ def choose_backend(target, backend: str | None) -> str:
 
 def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_0",
                  backend: str | None = None, out: Path | None = None,
-                 calib: CalibSettings | None = None, options: dict[str, str] | None = None,
+                 calib: CalibSettings | None = None,
+                 options: Mapping[str, str] | Iterable[str] | None = None,
                  force: bool = False) -> BuildPlan:
     """Check every option and return the plan; raises ArkError subclasses naming alternatives.
+
+    `options`: the backend's options as a mapping or the CLI's `KEY=VALUE` strings, checked
+    against the keys the backend declares (`arkinfer.backend.check_backend_options`).
 
     `--quant` is resolved by `arkinfer.resolve` (the same resolver `plan` and `quantize` use),
     then the backend must be registered and installed and its preflight must pass."""
@@ -149,7 +146,8 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
     name = choose_backend(tgt, r.backend)
     notes = list(r.notes)
     notes += list(get_backend(name).preflight(raw, r.recipe, tgt, r.dtype))  # raises if impossible
-    get_backend(name).check_options(dict(options or {}))  # a bad --option fails here, not at lower
+    # an unknown, empty or malformed --option fails here, naming the backend's keys, not at lower
+    opts = check_backend_options(get_backend(name), options)
     c = calib or CalibSettings()
     if r.recipe is not None:  # checked even when a weight-only recipe does not use them
         from arkinfer.quant.calib_data import check_calibration_size
@@ -160,4 +158,4 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
     out = Path(out) if out is not None else default_out(model_name, tgt.id, r.scheme)
     check_artifact_output(out, source, force=force)
     return BuildPlan(model, source, model_name, raw, tgt, name, r.scheme, r.recipe, r.dtype, out,
-                     c, dict(options or {}), notes)
+                     c, opts, notes)

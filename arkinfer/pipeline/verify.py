@@ -218,9 +218,12 @@ RECORDED_METRICS = ("top1_agreement", "mean_kl", "ppl_delta", "ppl_reference", "
                     "tokenizer_agreement")
 
 
-def recorded_mismatches(recorded: Any, measured: dict[str, Any]) -> list[dict[str, Any]]:
+def recorded_mismatches(recorded: Any, measured: dict[str, Any],
+                        thresholds: Any = None) -> list[dict[str, Any]]:
     """[{"metric", "recorded", "measured"}] for every metric the manifest records that differs
-    from the re-measured value (beyond 5 % relative / 0.005 absolute) or is not a number."""
+    from the re-measured value (beyond 5 % relative / 0.005 absolute) or is not a finite number,
+    and for every recorded threshold that is not a finite number (metric "threshold KEY": a
+    build never records one; the thresholds applied are never the recorded ones anyway)."""
     if not isinstance(recorded, dict):
         return [{"metric": "(all)", "recorded": recorded, "measured": "a table of metrics"}]
     out = []
@@ -228,10 +231,16 @@ def recorded_mismatches(recorded: Any, measured: dict[str, Any]) -> list[dict[st
         if name not in recorded or name not in measured:
             continue
         rec, meas = recorded[name], measured[name]
-        number = isinstance(rec, int | float) and not isinstance(rec, bool)
-        if not number or not math.isclose(rec, meas, rel_tol=0.05, abs_tol=0.005):
+        if not _finite(rec) or not math.isclose(rec, meas, rel_tol=0.05, abs_tol=0.005):
             out.append({"metric": name, "recorded": rec, "measured": meas})
+    if isinstance(thresholds, dict):
+        out += [{"metric": f"threshold {key}", "recorded": value, "measured": "a finite number"}
+                for key, value in thresholds.items() if not _finite(value)]
     return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,

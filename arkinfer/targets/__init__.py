@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from arkinfer.errors import TargetError
+from arkinfer.paths import read_limited_text
 from arkinfer.targets import model
 from arkinfer.targets.model import *  # noqa: F403 - the profile types, re-exported
 from arkinfer.targets.model import PROFILES_PACKAGE
@@ -23,6 +24,10 @@ from arkinfer.targets.schema import parse_profile, evaluate_derivation
 __all__ = [*model.__all__,  # noqa: F405
            "evaluate_derivation", "index_targets", "known_quant_formats", "list_targets", "load_target",
            "load_target_file", "resolve_id"]
+
+
+#: A profile is a few KiB of TOML; anything over this is not one (/dev/zero, a log file).
+PROFILE_MAX_BYTES = 1 << 20
 
 
 def known_quant_formats() -> tuple[str, ...]:
@@ -35,11 +40,7 @@ def known_quant_formats() -> tuple[str, ...]:
 def load_target_file(path: str | Path) -> Target:
     """Load and validate a profile from a file of your own (same schema as the shipped ones)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TargetError(f"cannot read target profile '{p}': {exc.strerror or exc}",
-                          hint="check the path, or run `arkinfer targets` for the built-in ids")
+    text = read_limited_text(p, "target profile", PROFILE_MAX_BYTES, TargetError)
     return parse_profile(text, str(p), str(p.resolve()))
 
 

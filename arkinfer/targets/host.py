@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arkinfer.errors import ArkError
+from arkinfer.paths import read_json_object
 from arkinfer.targets.machine import cpu_model
 
 CACHE_NAME = "host.json"
@@ -111,10 +113,10 @@ def load_cached() -> dict[str, Any] | None:
     """The cached record when it exists, parses, and was taken on this CPU with these threads."""
     path = cache_path()
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = read_json_object(path)  # a regular file of bounded size, else not a record
+    except ArkError:
         return None
-    if not isinstance(record, dict) or record.get("version") != VERSION:
+    if record.get("version") != VERSION:
         return None
     if record.get("cpu") != cpu_model() or record.get("threads") != _threads():
         return None
@@ -123,17 +125,37 @@ def load_cached() -> dict[str, Any] | None:
 
 def host_measurement(measure_if_missing: bool = True,
                      remeasure: bool = False) -> dict[str, Any] | None:
-    """The cached record, measured (and cached) now if missing or `remeasure`."""
+    """The cached record, measured (and cached) now if missing or `remeasure`.
+
+    Measuring holds an exclusive lock on `<cache>/.host.json.lock`: two measurements at once
+    would each time the other's load (two `doctor --remeasure` cached a halved bandwidth). A
+    process that waited for the lock uses the record measured while it waited."""
     record = None if remeasure else load_cached()
-    if record is None and (measure_if_missing or remeasure):
+    if record is not None or not (measure_if_missing or remeasure):
+        return record
+    from arkinfer.frontend.cache import locked
+
+    asked = time.time()
+    path = cache_path()
+    with locked(path.parent, CACHE_NAME):
+        record = load_cached()
+        if record is not None and (not remeasure or _written_since(path, asked)):
+            return record
         record = measure_host()
-        path = cache_path()
-        # a name of this process's own: two processes measuring at once (a matrix runs cells
-        # side by side) each rename a complete file, instead of one renaming the other's away
+        # a name of this process's own: the lock is advisory (another tool may not take it), so
+        # each writer still renames a complete file of its own into place
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(record, indent=2))
         tmp.replace(path)
     return record
+
+
+def _written_since(path: Path, since: float) -> bool:
+    """True when `path` was last written at or after `since` (time.time())."""
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def host_target(measure_if_missing: bool = True, remeasure: bool = False):

@@ -25,13 +25,14 @@ from pathlib import Path
 from arkinfer.backend import LowerRequest, LowerResult
 from arkinfer.errors import ArkError
 
+from .backend import OPTIONS, context_option
 from .runner import DEFERRED, PACKAGE
 from .weights import SourceWeights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
                    "special_tokens_map.json", "chat_template.jinja")
 CHECKS_FILE = "coreml_checks.json"
-COMPRESS = ("none", "linear8", "palettize4")
+COMPRESS = OPTIONS["compress"].choices
 
 
 def version(pkg: str) -> str:
@@ -44,18 +45,12 @@ def version(pkg: str) -> str:
 def options_of(request: LowerRequest, max_len: int) -> tuple[int, str, str]:
     """(context, compute dtype, compress) from the request's options, validated."""
     opts = dict(request.options or {})
-    try:
-        context = int(opts.pop("context", min(int(max_len), 4096)))
-    except ValueError:
-        raise ArkError(f"--option context={request.options.get('context')!r} is not an integer",
-                       hint="e.g. --option context=2048") from None
-    if context <= 0 or context % 64 or context > max_len:
-        raise ArkError(f"--option context={context}: must be a positive multiple of 64 and at "
-                       f"most the model's {max_len} positions", hint="e.g. --option context=2048")
+    context = context_option(opts.pop("context", None), int(max_len))
     default = "fp32" if request.recipe is None and request.dtype == "f32" else "fp16"
     compute = opts.pop("compute", default)
-    if compute not in ("fp16", "fp32"):
-        raise ArkError(f"--option compute={compute!r}; allowed fp16, fp32",
+    if compute not in OPTIONS["compute"].choices:
+        raise ArkError(f"--option compute={compute!r}; allowed "
+                       f"{', '.join(OPTIONS['compute'].choices)}",
                        hint="fp16 is what the Neural Engine runs")
     compress = opts.pop("compress", "none")
     if compress not in COMPRESS:
@@ -67,7 +62,7 @@ def options_of(request: LowerRequest, max_len: int) -> tuple[int, str, str]:
                        hint="use compress with --quant f16, or drop the option")
     if opts:
         raise ArkError(f"unknown coreml option(s) {sorted(opts)}",
-                       hint="coreml options: context, compute, compress")
+                       hint=f"coreml options: {', '.join(OPTIONS)}")
     return context, compute, compress
 
 

@@ -11,14 +11,26 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, BackendOption, LowerRequest, LowerResult
 from arkinfer.errors import TargetError
 
 FORMATS = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-tq1_0", "gguf-tq2_0")
 DEFAULT_N_CTX = 2048
+# `--option KEY=VALUE` (plan.py reads them, lower-cased; README.md's type table explains them)
+OPTIONS = {
+    "embeddings": BackendOption("ggml type of token_embd / output; default q8_0 when quantised, "
+                                "else the dtype", ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"),
+                                example="q8_0", ignore_case=True),
+    "rtn": BackendOption("who rounds an RTN recipe: ggml's quantiser, the default, or "
+                         "ArkInfer's folder", ("ggml", "folder"), ignore_case=True),
+}
 
 
 class GGUFBackend(BackendBase):
@@ -31,6 +43,7 @@ class GGUFBackend(BackendBase):
     fidelity_top1 = 0.95
     # model.gguf is written from config.json and the (quantised) tensors; the IR is not read.
     lowers_from_ir = False
+    options = OPTIONS
 
     def available(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in ("gguf", "llama_cpp"))
@@ -96,13 +109,18 @@ class GGUFBackend(BackendBase):
         # the cheap check first: the GGUF's keys are read only when a patched build exists
         lib = patched_library_dir()
         lib = lib if lib is not None and has_sparse_config(path) else None
+        path, alias_dir = utf8_path(path)
         if lib is not None:
             # InfLLM v2: the patched libllama, in a child process (subprocess_runner.py)
             from .subprocess_runner import SubprocessLlamaCppRunner
 
-            return SubprocessLlamaCppRunner(path, lib, n_ctx=n_ctx, n_threads=n_threads,
-                                            all_logits=not bench)
-        return LlamaCppRunner(path, n_ctx=n_ctx, n_threads=n_threads, all_logits=not bench)
+            runner = SubprocessLlamaCppRunner(path, lib, n_ctx=n_ctx, n_threads=n_threads,
+                                              all_logits=not bench)
+        else:
+            runner = LlamaCppRunner(path, n_ctx=n_ctx, n_threads=n_threads, all_logits=not bench)
+        if alias_dir is not None:  # the alias goes when the runner does
+            weakref.finalize(runner, shutil.rmtree, alias_dir, True)
+        return runner
 
     def reference_weights(self, artifact_dir: str | Path) -> Path:
         """The GGUF file itself: ArkInfer's reference model runs it dequantised (imported once into
@@ -110,6 +128,20 @@ class GGUFBackend(BackendBase):
         from .lower import GGUF_FILE
 
         return Path(artifact_dir) / GGUF_FILE
+
+
+def utf8_path(path: Path) -> tuple[Path, str | None]:
+    """`path`, or a symlink to it in a new temporary folder (returned second) when the path is
+    not UTF-8: llama.cpp takes the file name as a UTF-8 string, and a folder named b'\\xff'
+    (Python's '\\udcff') cannot be encoded as one."""
+    try:
+        str(path).encode("utf-8")
+        return path, None
+    except UnicodeEncodeError:
+        folder = tempfile.mkdtemp(prefix="arkinfer-gguf-")
+        link = Path(folder) / "model.gguf"
+        os.symlink(os.path.abspath(path), link)
+        return link, folder
 
 
 def has_sparse_config(gguf_path: Path) -> bool:
@@ -124,8 +156,6 @@ def has_sparse_config(gguf_path: Path) -> bool:
 
 def patched_library_dir() -> Path | None:
     """The InfLLM v2 libllama (`arkinfer doctor --build-llamacpp`), unless ARKINFER_LLAMACPP=upstream."""
-    import os
-
     from .llamacpp_build import patched_library_dir as built
 
     return None if os.environ.get("ARKINFER_LLAMACPP") == "upstream" else built()

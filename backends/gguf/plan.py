@@ -31,10 +31,11 @@ from arkinfer.frontend.checkpoint import Checkpoint
 from arkinfer.frontend.gguf_model import ArchSpec
 from arkinfer.ops import rope as rope_ops
 
+from .backend import OPTIONS
 from .tensors import EMBED_TYPE, FLOAT_TYPES, TensorPlan, fit_type, gguf_name, qk_heads
 
-EMBED_CHOICES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16,
-                 "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1}
+# the `embeddings=` values the backend declares, as ggml types (q8_0 -> GGMLType.Q8_0)
+EMBED_CHOICES = {name: GGMLType[name.upper()] for name in OPTIONS["embeddings"].choices}
 
 
 @dataclass
@@ -57,7 +58,7 @@ class ModelPlan:
 def rtn_option(options: dict[str, str]) -> str:
     """The `rtn=` option: "ggml" (default) or "folder"; anything else is an ArkError."""
     rtn = options.get("rtn", "ggml").lower()
-    if rtn not in ("ggml", "folder"):
+    if rtn not in OPTIONS["rtn"].choices:
         raise ArkError(f"--option rtn={rtn} is not a choice", hint="use rtn=ggml or rtn=folder")
     return rtn
 

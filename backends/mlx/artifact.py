@@ -24,16 +24,15 @@ from arkinfer.latency.storage import dtype_of
 from arkinfer.quant.export import TOKENIZER_FILES
 
 from arkinfer.backend import LowerRequest, LowerResult
-from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import open_checkpoint
 from arkinfer.frontend.shard_writer import INDEX_NAME, honour_umask, shard_names
 
+from .backend import shard_bytes
 from .config import artifact_config
 from .preflight import preflight
 from .tensors import TensorPlan, to_mx
 
 CONFIG_FILE = "config.json"
-MAX_SHARD_BYTES = 5 << 30  # mlx-lm's MAX_FILE_SIZE_GB
 
 
 def version(pkg: str) -> str | None:
@@ -89,20 +88,6 @@ class ShardWriter:
         return [*names, INDEX_NAME]
 
 
-def _shard_bytes(options: dict[str, str]) -> int:
-    value = options.get("shard_mb")
-    if value is None:
-        return MAX_SHARD_BYTES
-    try:
-        mb = float(value)
-    except ValueError:
-        mb = -1.0
-    if mb <= 0:
-        raise ArkError(f"--option shard_mb={value} is not a positive number of MiB",
-                       hint="e.g. --option shard_mb=2048 (default 5120, mlx-lm's)")
-    return int(mb * (1 << 20))
-
-
 def _ops(raw: dict[str, Any], quantization: dict[str, Any] | None) -> dict[str, str]:
     sparse = raw.get("sparse_config")
     scaling = raw.get("rope_scaling") or {}
@@ -145,7 +130,7 @@ def lower(request: LowerRequest) -> LowerResult:
             quantization["lm_head"] = False
     out = Path(request.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    writer = ShardWriter(out, _shard_bytes(request.options))
+    writer = ShardWriter(out, shard_bytes(request.options))
     for i, p in enumerate(plans):
         request.progress(f"tensor {i + 1}/{len(plans)} {p.name} ({p.storage})")
         writer.add(p.arrays())

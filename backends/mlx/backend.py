@@ -12,15 +12,44 @@ key map and what is untested without Metal: README.md.
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, BackendOption, LowerRequest, LowerResult
+from arkinfer.errors import ArkError
+
+MAX_SHARD_BYTES = 5 << 30  # mlx-lm's MAX_FILE_SIZE_GB
+# `--option KEY=VALUE` (README.md, "Tensors"; tensors.py and artifact.py read them)
+OPTIONS = {
+    "rtn": BackendOption("who rounds an RTN recipe such as mlx4: mx.quantize, the default, "
+                         "or ArkInfer's folder", ("mlx", "folder"), ignore_case=True),
+    "scales": BackendOption("dtype of a calibrated recipe's scales and biases; default f32, "
+                            "exact", ("f32", "f16"), ignore_case=True),
+    "shard_mb": BackendOption("MiB per safetensors shard; default 5120, mlx-lm's",
+                              example="2048"),
+}
+
+
+def shard_bytes(options: dict[str, str]) -> int:
+    """Bytes per shard from `--option shard_mb=N` (a positive, finite number of MiB)."""
+    value = options.get("shard_mb")
+    if value is None:
+        return MAX_SHARD_BYTES
+    try:
+        mb = float(value)
+    except ValueError:
+        mb = -1.0
+    if not (0 < mb < math.inf):  # also refuses nan
+        raise ArkError(f"--option shard_mb={value!r} is not a positive number of MiB",
+                       hint="e.g. --option shard_mb=2048 (default 5120, mlx-lm's)")
+    return max(1, int(mb * (1 << 20)))
 
 
 class MLXBackend(BackendBase):
     name = "mlx"
     lowers_from_ir = False  # the artifact is weights + config: build skips the trace
+    options = OPTIONS
 
     def available(self) -> bool:
         """mlx importable (lowering needs mx.quantize / mx.save_safetensors, the runner MLX);
@@ -38,6 +67,10 @@ class MLXBackend(BackendBase):
         from .preflight import preflight
 
         return preflight(raw_config, recipe, target, dtype)
+
+    def check_options(self, options: dict[str, str]) -> None:
+        """shard_mb at plan time (rtn and scales are checked as declared choices)."""
+        shard_bytes(options)
 
     def lower(self, request: LowerRequest) -> LowerResult:
         from .artifact import lower

@@ -30,8 +30,10 @@ from arkinfer import models
 from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import Checkpoint
 
-SCALE_OPTIONS = {"f32": "float32", "f16": "float16"}
-RTN_OPTIONS = ("mlx", "folder")
+from .backend import OPTIONS
+
+SCALE_OPTIONS = {"f32": "float32", "f16": "float16"}  # `scales=` (declared in backend.py)
+RTN_OPTIONS = OPTIONS["rtn"].choices
 
 
 def mx_dtype(name: str):

@@ -31,6 +31,7 @@ from arkinfer.backend import LowerRequest, LowerResult
 from arkinfer.errors import ArkError
 from arkinfer.frontend.shard_writer import honour_umask
 
+from .backend import OPTIONS
 from .compile import DEVICE_VARIANTS, Build, build
 from .cpu_schedule import SCHEDULE_NOTE
 from .weights import SourceWeights, program_params
@@ -41,9 +42,8 @@ PARAMS_FILE = "params.safetensors"
 SCHEMA = 1
 
 
-FLOAT_WEIGHTS = {"f16": np.float16, "f32": np.float32}
-OPTIONS = ("devices", "float_weights", "decode_activations")
-DECODE_ACTIVATIONS = ("int16", "int8", "f32")   # the first is the default
+FLOAT_WEIGHTS = {"f16": np.float16, "f32": np.float32}  # `float_weights=` (backend.py)
+DECODE_ACTIVATIONS = OPTIONS["decode_activations"].choices   # the first is the default
 DECODE_SCHEDULES = {   # the host schedule note of each, for tvm_module.json
     "int16": "; decode's 4-bit linears with int16 activations (kernels_qact: pmovzxbw / pmaddwd, "
              "one expression per row)",
@@ -66,21 +66,10 @@ def device_variants(options: dict[str, str]) -> tuple[str, ...]:
     return variants
 
 
-def check_options(options: dict[str, str]) -> None:
-    """Raise ArkError for any option lower() would refuse (called at plan time)."""
-    float_weights(options)   # refuses unknown keys too
-    decode_activations(options)
-    device_variants(options)
-
-
 def float_weights(options: dict[str, str]):
     """numpy dtype of the float weight matrices (embedding, float linears such as a tied
     lm_head): `--option float_weights=f16` (default, MLC-LLM's q4f16: half the bytes a decode
     step reads for the lm_head) or f32. Norm weights and RoPE tables stay float32."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ArkError(f"unknown tvm option(s) {unknown}; known: {', '.join(OPTIONS)}",
-                       hint="e.g. --option devices=adreno --option float_weights=f32")
     value = options.get("float_weights", "f16")
     if value not in FLOAT_WEIGHTS:
         raise ArkError(f"--option float_weights={value!r}; allowed {', '.join(FLOAT_WEIGHTS)}",

@@ -15,7 +15,16 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, BackendOption, LowerRequest, LowerResult
+
+# `--option KEY=VALUE` (artifact.py reads them; README.md explains each)
+OPTIONS = {
+    "devices": BackendOption("the OpenCL builds: adreno, mali, none or adreno,mali, the default",
+                             example="adreno"),
+    "float_weights": BackendOption("dtype of the float matrices; default f16", ("f16", "f32")),
+    "decode_activations": BackendOption("how the host decode's 4-bit linears take activations; "
+                                        "default int16", ("int16", "int8", "f32")),
+}
 
 
 class TVMBackend(BackendBase):
@@ -23,6 +32,7 @@ class TVMBackend(BackendBase):
     # RoPE as a position-indexed cos|sin table (a gather per call, like MLC-LLM); q/k/v and
     # gate/up stay separate linears: the quantised checkpoint stores them separately.
     ir_passes = ("fold_rope_tables", "dce")
+    options = OPTIONS
 
     def available(self) -> bool:
         return importlib.util.find_spec("tvm") is not None
@@ -39,11 +49,10 @@ class TVMBackend(BackendBase):
         return preflight(raw_config, recipe, target, dtype, self.ir_passes)
 
     def check_options(self, options: dict[str, str]) -> None:
-        """Every --option at plan time: devices, float_weights, decode_activations (artifact.py
-        names the allowed values); unknown keys are refused."""
-        from .artifact import check_options
+        """`devices=` at plan time (the other keys are declared choices)."""
+        from .artifact import device_variants
 
-        check_options(options)
+        device_variants(options)
 
     def lower(self, request: LowerRequest) -> LowerResult:
         from .artifact import lower
@@ -65,9 +74,9 @@ class TVMBackend(BackendBase):
                      key: str | None, spec: Any, progress=None) -> list[dict]:
         """`bench --rpc`: the artifact timed on a TVM RPC server (or a tracker's device for
         `key`) with TVM's time_evaluator; see rpc_bench.py."""
-        from .rpc_bench import connect, rpc_bench
+        from .rpc_bench import bench_remote
 
-        return rpc_bench(artifact_dir, manifest, connect(address, key), spec, progress=progress)
+        return bench_remote(artifact_dir, manifest, address, key, spec, progress=progress)
 
 
 BACKEND = TVMBackend()

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..rtn import quantize_rtn
+from ..rtn import Grid, quantize_rtn
 from ..weight import QuantizedWeight
 from .base import BlockCalibrator, BlockResult, CalibContext
 from .block import BlockRunner
@@ -49,6 +49,7 @@ class AWQConfig:
     clip: bool = True
     search_samples: int = 16
     clip_tokens: int = 512
+    grid: Grid = "minmax"
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
 
 
 def _fake_quant(w: Tensor, c: AWQConfig, scale_dtype: torch.dtype | None) -> Tensor:
-    return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=scale_dtype).dequantize()
+    return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=scale_dtype,
+                        grid=c.grid).dequantize()
 
 
 def w_mean_of(weights: list[Tensor], group_size: int) -> Tensor:
@@ -248,7 +250,8 @@ class AWQCalibrator(BlockCalibrator):
                         w_clip = apply_clip(w, search_clip(w, flat[::step], c, ctx.scale_dtype),
                                             c.group_size)
                     qw = quantize_rtn(w_clip, c.bits, c.group_size, c.sym,
-                                      scale_dtype=ctx.scale_dtype, name=runner.full(name))
+                                      scale_dtype=ctx.scale_dtype, grid=c.grid,
+                                      name=runner.full(name))
                     if self.accept(runner, name, qw, ctx, result, h, original=w):
                         continue
                 if name in scaled:  # kept in float: export the rescaled weight
@@ -258,4 +261,5 @@ class AWQCalibrator(BlockCalibrator):
     def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
                       ctx: CalibContext) -> QuantizedWeight:
         c = self.config
-        return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=ctx.scale_dtype, name=name)
+        return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=ctx.scale_dtype,
+                            grid=c.grid, name=name)

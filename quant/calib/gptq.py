@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..rtn import find_params, quantize_rtn
+from ..rtn import Grid, find_params, quantize_rtn
 from ..weight import UNIFORM_BITS, QuantError, QuantizedWeight
 from .base import BlockCalibrator, BlockResult, CalibContext
 from .block import SEQUENTIAL_GROUPS, BlockRunner
@@ -93,10 +93,12 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
                   group_size: int = 128, sym: bool = True, act_order: bool = False,
                   static_groups: bool = False, damp: float = 0.01,
                   block_size: int = DEFAULT_BLOCK, scale_dtype: torch.dtype | None = None,
-                  dtype: torch.dtype = torch.float32, name: str = "") -> GPTQResult:
+                  dtype: torch.dtype = torch.float32, grid: Grid = "minmax",
+                  name: str = "") -> GPTQResult:
     """GPTQ of `w` [out, in] with Hessian [in, in] -> canonical weight (codes in the original
     column order). `dtype` is the working precision of the error updates (float32 as the
-    reference; float64 for tests)."""
+    reference; float64 for tests). `grid`: how each group's scale is chosen (rtn.find_params;
+    `mse` weighs each column's error by the Hessian's diagonal, its input's mean square)."""
     if bits not in UNIFORM_BITS:
         raise QuantError(f"bits={bits} for {name or 'a layer'!r} is not supported by GPTQ; "
                          f"allowed {UNIFORM_BITS}", "pick one of the allowed bit widths")
@@ -118,16 +120,17 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
     dead = torch.diag(hessian) == 0
     W[:, dead] = 0
 
+    diag_h = torch.diag(hessian).to(dtype).clone()
+    diag_h[dead] = 1
     scales = torch.zeros(out, n_groups, dtype=torch.float32)
     zeros = torch.zeros(out, n_groups, dtype=torch.float32)
     static = group_size == -1 or static_groups
     if static:
         for g in range(n_groups):
-            s, z = find_params(W[:, g * size:(g + 1) * size], bits, sym, scale_dtype)
+            cols_g = slice(g * size, (g + 1) * size)
+            s, z = find_params(W[:, cols_g], bits, sym, scale_dtype, grid, diag_h[cols_g])
             scales[:, g], zeros[:, g] = s[:, 0], z[:, 0]
 
-    diag_h = torch.diag(hessian).to(dtype).clone()
-    diag_h[dead] = 1
     perm = torch.argsort(diag_h, descending=True, stable=True) if act_order else None
     if perm is not None:
         W = W[:, perm]
@@ -140,6 +143,7 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
     del H
 
     codes = torch.zeros(out, cols, dtype=torch.uint8)  # permuted column order
+    diag_p = diag_h if perm is None else diag_h[perm]  # importance in the permuted order
     perm_list = perm.tolist() if perm is not None else None
     block = block_size_for(group_size, block_size)
     loss = torch.zeros((), dtype=torch.float64)
@@ -147,7 +151,7 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
         for i1 in range(0, cols, block):
             i2 = min(i1 + block, cols)
             q1, err_block = _solve_block(W, U, i1, i2, scales, zeros, size, static, perm_list,
-                                         bits, sym, scale_dtype, dtype)
+                                         bits, sym, scale_dtype, dtype, grid, diag_p)
             codes[:, i1:i2] = q1.T
             loss += (err_block.double() ** 2).sum() / 2
             W[:, i2:] -= err_block.T @ U[i1:i2, i2:]
@@ -176,7 +180,8 @@ def single_thread():
 
 def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, scales: Tensor, zeros: Tensor,
                  size: int, static: bool, perm_list: list[int] | None, bits: int, sym: bool,
-                 scale_dtype: torch.dtype | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+                 scale_dtype: torch.dtype | None, dtype: torch.dtype, grid: Grid,
+                 importance: Tensor) -> tuple[Tensor, Tensor]:
     """GPTQ's column loop over the (permuted) columns i1..i2 of `W` [out, cols]: codes uint8 and
     scaled errors `(w - q) / U[i,i]`, both [i2 - i1, out] (one row per column). The block is
     worked on transposed, so every column is a contiguous row; fills `scales` / `zeros` [out, n_groups]
@@ -194,7 +199,7 @@ def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, scales: Tensor, zeros: 
             s, z = scales[:, g], zeros[:, g]
         elif c % size == 0:
             src = W[:, c:c + size] if i == 0 else W1[i:i + size].T
-            s2, z2 = find_params(src, bits, sym, scale_dtype)
+            s2, z2 = find_params(src, bits, sym, scale_dtype, grid, importance[c:c + size])
             s, z = s2[:, 0], z2[:, 0]
             scales[:, c // size], zeros[:, c // size] = s, z
         col = W1[i]
@@ -224,6 +229,7 @@ class GPTQConfig:
     true_sequential: bool = True
     prefix_skip: int = 0
     prefix_cap: float = 0.0
+    grid: Grid = "minmax"
 
 
 class GPTQCalibrator(BlockCalibrator):
@@ -248,7 +254,8 @@ class GPTQCalibrator(BlockCalibrator):
         c = self.config
         return gptq_quantize(w, h, bits=c.bits, group_size=c.group_size, sym=c.sym,
                              act_order=c.act_order, static_groups=c.static_groups, damp=c.damp,
-                             block_size=c.block_size, scale_dtype=ctx.scale_dtype, name=name)
+                             block_size=c.block_size, scale_dtype=ctx.scale_dtype, grid=c.grid,
+                             name=name)
 
     def _quantize_sharing(self, runner: BlockRunner, names: list[str], h: Tensor,
                           ctx: CalibContext) -> list[tuple[str, GPTQResult]]:
@@ -311,5 +318,5 @@ class GPTQCalibrator(BlockCalibrator):
         if h is None:
             c = self.config
             return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=ctx.scale_dtype,
-                                name=name)
+                                grid=c.grid, name=name)
         return self._quantize(w, h, name, ctx).weight

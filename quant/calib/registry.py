@@ -44,7 +44,7 @@ def calibration_names() -> list[str]:
 
 
 def config_for(recipe: QuantRecipe, **options: Any) -> Any:
-    """The config of `recipe.calib` filled from the recipe (bits, group_size, sym, desc_act) and
+    """The config of `recipe.calib` filled from the recipe (bits, group_size, sym, desc_act, grid) and
     `options` (any other field of that config, e.g. damp=0.05, prefix_skip=2, n_grid=10)."""
     if recipe.calib not in _BY_NAME:
         raise QuantError(f"calibration {recipe.calib!r} has no handler; registered "
@@ -58,6 +58,8 @@ def config_for(recipe: QuantRecipe, **options: Any) -> Any:
         kw.update(bits=recipe.bits, group_size=recipe.group_size, sym=recipe.sym)
         if "act_order" in fields:
             kw["act_order"] = recipe.desc_act
+        if "grid" in fields:
+            kw["grid"] = recipe.grid
     unknown = sorted(set(options) - fields)
     if unknown:
         raise QuantError(f"option(s) {unknown} do not apply to {recipe.calib}; its options are "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..rtn import quantize_rtn
+from ..rtn import Grid, quantize_rtn
 from ..ternary import TernaryScope, quantize_ternary
 from ..weight import QuantizedWeight
 from .base import BlockCalibrator, BlockResult, CalibContext
@@ -27,6 +27,7 @@ class RTNConfig:
     bits: int = 4
     group_size: int = 128
     sym: bool = True
+    grid: Grid = "minmax"
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class RTNCalibrator(_NoCalibration):
 
     def quantize_weight(self, w: Tensor, name: str, ctx: CalibContext) -> QuantizedWeight:
         c = self.config
-        return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=ctx.scale_dtype, name=name)
+        return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=ctx.scale_dtype,
+                            grid=c.grid, name=name)
 
 
 class TernaryCalibrator(_NoCalibration):

@@ -29,7 +29,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from torch import Tensor, nn
 from arkinfer import models
 from arkinfer.errors import CheckpointError
 from arkinfer.frontend.checkpoint import Checkpoint, check_weights, open_checkpoint
+from arkinfer.output_folder import fresh_work_folder
 
 from ..calib_data import CalibData
 from ..formats import get_format
@@ -202,9 +202,7 @@ def _start_point(work_dir: Path, key: str, resume: bool, n_layers: int) -> tuple
                     check_work_file(block_file(work_dir, i))
                 return after + 1, x
         return 0, None
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True)
+    fresh_work_folder(work_dir)
     run_json.write_text(json.dumps({"key": key, "n_layers": n_layers}) + "\n")
     return 0, None
 

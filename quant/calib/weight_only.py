@@ -14,7 +14,6 @@ Cost: one read of every linear and one quantisation of it; for SmolLM2-135M a fe
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from arkinfer.frontend.checkpoint import Checkpoint, open_checkpoint
+from arkinfer.output_folder import fresh_work_folder
 
 from ..formats import get_format
 from ..recipe import QuantRecipe
@@ -68,8 +68,7 @@ def quantize_weight_only(source: str | Path | Checkpoint, recipe: QuantRecipe,
     ctx = CalibContext(fmt, frozenset(), strict,
                        torch.float16 if fmt.constraints.scale_dtype == "float16" else None)
     work_dir = Path(work_dir)
-    shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir(parents=True)
+    fresh_work_folder(work_dir)
     n_layers = ckpt.config.num_hidden_layers
     for i in range(n_layers):
         t0 = time.perf_counter()

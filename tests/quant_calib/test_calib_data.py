@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 from arkinfer.quant import QuantError
+from arkinfer.quant.calib_corpus import BUILTIN
 from arkinfer.quant.calib_data import (
-    DEFAULT_CALIB_TEXT,
+    PROSE_TEXT,
     calibration_from_ids,
     load_calibration,
     read_texts,
@@ -21,14 +22,44 @@ class CharTokenizer:
         return [ord(c) % 256 for c in text]
 
 
-def test_default_text_is_the_shipped_training_corpus():
-    assert DEFAULT_CALIB_TEXT.name == "corpus_train.txt" and DEFAULT_CALIB_TEXT.is_file()
-    data = load_calibration(CharTokenizer(), samples=4, seq_len=64, seed=1)
-    assert data.ids.shape == (4, 64) and bool(data.mask.all())
-    assert data.settings["source"].startswith("corpus_train.txt")
-    text = DEFAULT_CALIB_TEXT.read_text()
-    window = "".join(chr(i) for i in data.ids[0].tolist())
-    assert window in text
+def test_default_text_is_every_domain_of_the_builtin_corpus():
+    data = load_calibration(CharTokenizer(), samples=len(BUILTIN) * 2, seq_len=64, seed=1)
+    assert data.ids.shape == (2 * len(BUILTIN), 64) and bool(data.mask.all())
+    assert data.settings["source"] == "builtin"
+    domains = data.settings["domains"]
+    assert [d["domain"] for d in domains] == list(BUILTIN)
+    assert all(d["samples"] == 2 for d in domains)
+    texts = {name: path.read_text() for name, path in BUILTIN.items()}
+    window = "".join(chr(i) for i in data.ids[0].tolist())  # the first domain's first window
+    assert window in texts["prose"]
+
+
+def test_prose_is_the_demo_models_training_corpus_alone():
+    assert PROSE_TEXT.name == "corpus_train.txt" and PROSE_TEXT.is_file()
+    data = load_calibration(CharTokenizer(), "prose", samples=4, seq_len=64, seed=1)
+    assert [d["domain"] for d in data.settings["domains"]] == ["prose"]
+    window = "".join(chr(i) for i in data.ids[3].tolist())
+    assert window in PROSE_TEXT.read_text()
+
+
+def test_a_folder_is_one_domain_per_file_and_chats_render_through_the_template(tmp_path):
+    (tmp_path / "a.txt").write_text("alpha " * 40)
+    (tmp_path / "b.jsonl").write_text(json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+        + "\n")
+
+    class Templated(CharTokenizer):
+        chat_template = "x"
+
+        def render_chat(self, messages, add_generation_prompt=True):
+            assert add_generation_prompt is False
+            return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+    data = load_calibration(Templated(), tmp_path, samples=2, seq_len=32, eos_id=0)
+    assert [d["domain"] for d in data.settings["domains"]] == ["a", "b"]
+    b = "".join(chr(i) for i, keep in zip(data.ids[1].tolist(), data.mask[1].tolist()) if keep)
+    assert b == "<user>hi<assistant>yo"
+    assert read_texts(tmp_path / "b.jsonl") == ["user: hi\nassistant: yo"]  # no template
 
 
 def test_sampling_is_deterministic_and_seeded():
@@ -55,7 +86,7 @@ def test_bad_inputs_name_the_problem(tmp_path):
         read_texts(tmp_path / "missing.txt")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"txt": "x"}\n')
-    with pytest.raises(QuantError, match="line 1 .* no string field 'text'"):
+    with pytest.raises(QuantError, match="line 1 .* neither a string 'text' nor a 'messages'"):
         read_texts(bad)
     with pytest.raises(QuantError, match="samples=0"):
         sample_windows([1, 2, 3], 0, 8, 0)

@@ -133,7 +133,7 @@ def test_output_that_is_a_file_is_refused(tmp_path):
     f = tmp_path / "report.pdf"
     f.write_text("pdf")
     with pytest.raises(OutputError, match="not a folder"):
-        check_output(f, force=True, what="artifact", is_ours=lambda p: True)
+        check_output(f, force=True, what="artifact", record=lambda p: {})
     assert f.read_text() == "pdf"
 
 
@@ -198,7 +198,7 @@ def test_a_kill_between_the_renames_is_recovered_by_the_next_run(tmp_path):
     out = tmp_path / "out"
     pid = _dead_pid()
     _folder(tmp_path / f".out.old-{pid}", "old")
-    _folder(tmp_path / f".out.building-{pid}", "new")
+    (_folder(tmp_path / f".out.building-{pid}", "new") / output_folder.MARKER).write_text("{}")
     remove_leftovers(out)
     assert (out / "a.txt").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -218,6 +218,7 @@ def test_a_killed_import_leaves_nothing_behind_after_the_next_import(tmp_path):
     out = tmp_path / "hf"
     stale = tmp_path / f".hf.importing-{_dead_pid()}-0a1b2c3d"
     stale.mkdir()
+    (stale / output_folder.MARKER).write_text("{}")
     (stale / "model-00001-of-00001.safetensors").write_bytes(b"partial")
     (tmp_path / "x.gguf").write_bytes(b"GGUF" + b"\0" * 64)
     try:
