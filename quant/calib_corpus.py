@@ -27,11 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import arkinfer.data
 from arkinfer.paths import decode_text, read_limited
 
 from .weight import QuantError
 
-DATA = Path(__file__).resolve().parents[1] / "arkinfer" / "data"
+DATA = Path(arkinfer.data.__file__).resolve().parent
 PROSE_TEXT = DATA / "corpus_train.txt"
 BUILTIN = {  # domain -> file; the order is the order windows are dealt in
     "prose": PROSE_TEXT,

@@ -28,8 +28,9 @@ class QuantRecipe:
 
     group_size -1 = one group per row (for ternary: one absmean scale per row).
     desc_act: GPTQ act-order (columns processed by descending Hessian diagonal; g_idx stored).
-    grid: how a group's scale is chosen (quant/rtn.py): minmax (GPTQ's reference, 15 of 16
-    levels when symmetric), ggml (Q4_0's rule, all 16), mse (ggml's grid, scale searched).
+    grid: how a group's scale is chosen (quant/rtn.py): mse (ggml's grid, scale searched; the
+    default), ggml (Q4_0's rule, all 16 levels), minmax (GPTQ's reference, 15 of 16 levels when
+    symmetric). Ternary recipes ignore it.
     """
 
     calib: Calib
@@ -39,7 +40,7 @@ class QuantRecipe:
     sym: bool = True
     desc_act: bool = False
     skip: tuple[str, ...] = ("lm_head",)
-    grid: Grid = "minmax"
+    grid: Grid = "mse"
 
     def __post_init__(self) -> None:
         if self.calib not in get_args(Calib):
@@ -81,11 +82,15 @@ class QuantRecipe:
         order = " act-order" if self.desc_act else ""
         if self.calib == "ternary":
             return f"ternary (group {self.group_size}) -> {self.format}"
-        grid = "" if self.grid == "minmax" else f" {self.grid}-grid"
+        grid = "" if self.grid == "mse" else f" {self.grid}-grid"
         return (f"{self.calib} {self.bits}-bit g{self.group_size} "
                 f"{'sym' if self.sym else 'asym'}{order}{grid} -> {self.format}")
 
 
+# Every uniform preset searches its group scales (grid "mse", the default; docs/quant.md §1.1):
+# lower KL than the GPTQ reference's 15-level grid and than ggml's Q4_0 rule on every development
+# text (benchmarks/quant_quality.py --texts dev). `build --quant q4_0` still rounds with ggml's own
+# quantiser in the GGUF backend (bytes equal to llama-quantize's) unless `--option rtn=folder`.
 PRESETS: dict[str, QuantRecipe] = {
     "marlin": QuantRecipe("gptq", "marlin", 4, 128, sym=True, desc_act=False),
     "gptq": QuantRecipe("gptq", "gptq", 4, 128, sym=True),

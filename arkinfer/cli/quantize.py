@@ -47,12 +47,18 @@ class Method(str, Enum):
     ternary = "ternary"
 
 
+class Grid(str, Enum):
+    mse = "mse"
+    ggml = "ggml"
+    minmax = "minmax"
+
+
 _DEFAULT_FORMAT = {"awq": "awq", "ternary": "gguf-tq2_0"}
 
 
 def build_recipe(method: str | None, bits: int | None, group_size: int | None,
                  sym: bool | None, act_order: bool, fmt: str | None, preset: str | None,
-                 quantize_lm_head: bool):
+                 quantize_lm_head: bool, grid: str | None = None):
     """A QuantRecipe from a preset and/or explicit options (explicit options win)."""
     from dataclasses import replace
 
@@ -77,6 +83,8 @@ def build_recipe(method: str | None, bits: int | None, group_size: int | None,
             sym=sym if sym is not None else method != "awq", desc_act=act_order)
     if quantize_lm_head:
         recipe = replace(recipe, skip=tuple(p for p in recipe.skip if p != "lm_head"))
+    if grid is not None:
+        recipe = replace(recipe, grid=grid)
     return recipe
 
 
@@ -93,6 +101,10 @@ def command(
     sym: Annotated[bool | None, typer.Option("--sym/--asym", help="Symmetric or asymmetric "
                                              "codes (default: asym for awq).")] = None,
     act_order: Annotated[bool, typer.Option("--act-order", help="GPTQ act-order (desc_act).")] = False,
+    grid: Annotated[Grid | None, typer.Option(
+        "--grid", help="How a group's scale is chosen: mse (searched per group, weighted by "
+        "the inputs' mean square under GPTQ; the default), ggml (Q4_0's rule: all 16 levels) or "
+        "minmax (the GPTQ reference: 15 of 16 levels when symmetric).")] = None,
     static_groups: Annotated[bool, typer.Option(
         "--static-groups", help="GPTQ: group scales fixed before the columns are processed; with "
         "--act-order no g_idx is needed, so formats without one (gguf-q4_0, awq, mlx) take "
@@ -131,7 +143,8 @@ def command(
 
     # act-order over static groups leaves g_idx static: the recipe (format check) has no desc_act
     recipe = build_recipe(method.value if method else None, bits, group_size, sym,
-                          act_order and not static_groups, fmt, preset, quantize_lm_head)
+                          act_order and not static_groups, fmt, preset, quantize_lm_head,
+                          grid.value if grid else None)
     ckpt = open_checkpoint(model)
     check_quantised_output(out, ckpt.path, force=force)  # before hours of calibration
     if group_size is None:  # the preset's group, fitted to the model as `build` fits it

@@ -14,8 +14,11 @@ from arkinfer.errors import ArkError
 
 from .runner import _llama_cpp
 
-FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "BF16": 32, "TQ1_0": 36,
-          "TQ2_0": 37}
+# llama.cpp's llama_ftype values (include/llama.h): the file types ArkInfer compares with,
+# K-quants and i-quants included (the mixes a user picks instead of ArkInfer's recipes).
+FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_S": 14, "Q4_K_M": 15,
+          "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32,
+          "TQ1_0": 36, "TQ2_0": 37}
 
 
 def llamacpp_quantize(src: str | Path, dst: str | Path, ftype: str, *, pure: bool = False,
