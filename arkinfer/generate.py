@@ -11,6 +11,7 @@ names the first module whose output holds NaN or inf (`NonFiniteError`).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -50,35 +51,48 @@ def require_finite(logits: Tensor, where: str) -> None:
 
 
 class _NonFiniteWatch:
-    """Forward hooks on every submodule of `model` that record the first one to finish with a
-    NaN/inf floating output (inner modules finish before their parents, so this is the most
-    specific module, e.g. "model.layers.3.mlp.down_proj"), with the counts of that output.
+    """Forward hooks on every submodule of `model` that record, while armed, the first one to
+    finish with a NaN/inf floating output (inner modules finish before their parents, so this is
+    the most specific module, e.g. "model.layers.3.mlp.down_proj"), with the counts of that
+    output. Registered once per model (`watch_of`) and armed per call: a decode step pays one
+    `isfinite` per module output, not a registration per module.
 
     The logits alone are not enough: torch's fused CPU attention returns finite outputs for
     queries/keys holding NaN on short sequences (under 16 tokens), so a NaN in q_proj's output
-    can vanish before the logits. One `isfinite` per module output costs well under a
-    millisecond per forward."""
+    can vanish before the logits."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.model, self.module, self.counts, self._handles = model, None, "", []
+        self.armed, self.module, self.counts = False, None, ""
+        for name, module in model.named_modules():
+            if name:
+                module.register_forward_hook(self._hook_for(name))
 
     def __enter__(self) -> _NonFiniteWatch:
-        for name, module in self.model.named_modules():
-            if name:
-                self._handles.append(module.register_forward_hook(self._hook_for(name)))
+        self.armed, self.module, self.counts = True, None, ""
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
+        self.armed = False
 
     def _hook_for(self, name: str):
         def hook(_module, _inputs, output) -> None:
+            if not self.armed or self.module is not None:
+                return
             out = output[0] if isinstance(output, tuple) else output
-            if self.module is None and isinstance(out, Tensor) and out.is_floating_point() \
+            if isinstance(out, Tensor) and out.is_floating_point() \
                     and not bool(torch.isfinite(out).all()):
                 self.module, self.counts = name, _nonfinite_counts(out)
         return hook
+
+
+_WATCHES: weakref.WeakKeyDictionary[nn.Module, _NonFiniteWatch] = weakref.WeakKeyDictionary()
+
+
+def watch_of(model: nn.Module) -> _NonFiniteWatch:
+    """The model's non-finite watch, its hooks registered on first use."""
+    if model not in _WATCHES:
+        _WATCHES[model] = _NonFiniteWatch(model)
+    return _WATCHES[model]
 
 
 def _rope_problem(model, positions: Tensor) -> str | None:
@@ -111,7 +125,7 @@ def forward_checked(model, ids: Tensor, positions: Tensor, cache, where: str = "
         return logits, new_cache
     if (rope := _rope_problem(model, positions)) is not None:
         raise NonFiniteError(f"{where} would produce non-finite values; {rope}", hint=_HINT)
-    with _NonFiniteWatch(model) as watch:
+    with watch_of(model) as watch:
         logits, new_cache = model(ids, positions, cache)
     if bool(torch.isfinite(logits).all()) and watch.module is None:
         return logits, new_cache
