@@ -70,8 +70,12 @@ NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
 
 
 def _fake_quant(w: Tensor, c: AWQConfig, scale_dtype: torch.dtype | None) -> Tensor:
+    """The searches' quantiser: the grid `mse` starts from (ggml's, or min/max asymmetric), not
+    the searched one. The scale and clip searches run it 20-30 times per linear, and AWQ's clip
+    search is itself a search of the range; the final codes use `c.grid`."""
+    base = "ggml" if c.sym else "minmax"
     return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=scale_dtype,
-                        grid=c.grid).dequantize()
+                        grid=base if c.grid == "mse" else c.grid).dequantize()
 
 
 def w_mean_of(weights: list[Tensor], group_size: int) -> Tensor:

@@ -76,3 +76,19 @@ def test_recipe_names_the_grid_and_refuses_an_unknown_one():
     assert "minmax-grid" in QuantRecipe("gptq", "gptq", grid="minmax").describe()
     with pytest.raises(QuantError, match="grid='fine'"):
         QuantRecipe("gptq", "gptq", grid="fine")
+
+
+def test_quantize_cli_takes_the_grid_and_records_it(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from arkinfer.cli.main import app
+
+    res = CliRunner().invoke(app, ["quantize", "demo", "--method", "rtn", "--format", "gptq",
+                                   "--grid", "ggml", "-o", str(tmp_path / "q"), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "q" / "quant_summary.json").read_text())
+    assert "ggml-grid" in summary["recipe"]
+    bad = CliRunner().invoke(app, ["quantize", "demo", "--grid", "fine", "-o", str(tmp_path / "r")])
+    assert bad.exit_code == 2 and "fine" in bad.output
