@@ -92,3 +92,37 @@ def test_bad_inputs_name_the_problem(tmp_path):
         sample_windows([1, 2, 3], 0, 8, 0)
     with pytest.raises(QuantError, match="expected \\[N, T\\]"):
         calibration_from_ids(torch.zeros(5, dtype=torch.long))
+
+
+def test_calibration_development_and_held_out_texts_share_no_passage():
+    """Calibration, the texts recipes are chosen on, and the texts quality is reported on are
+    three disjoint sets (benchmarks/quant_quality.py): no 8-word run (10 characters for Chinese)
+    appears in two of them."""
+    from pathlib import Path
+
+    from arkinfer.quant.calib_corpus import BUILTIN
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+    sets = {"calibration": list(BUILTIN.values()),
+            "dev": [*sorted((bench / "dev").glob("*.txt")),
+                    BUILTIN["prose"].with_name("corpus_eval.txt")],
+            "heldout": sorted((bench / "heldout").glob("*.txt"))}
+
+    def runs(paths) -> set[str]:
+        out = set()
+        for path in paths:
+            text = path.read_text(encoding="utf-8")
+            words = text.split()
+            out |= {" ".join(words[i:i + 8]) for i in range(len(words) - 7)}
+            cjk = "".join(c for c in text if "\u4e00" <= c <= "\u9fff")
+            out |= {cjk[i:i + 10] for i in range(len(cjk) - 9)}
+        return out
+
+    seen = {name: runs(paths) for name, paths in sets.items()}
+    # Licences borrow each other's clauses: Apache-2.0 (calibration) and GPL-3 (held out) share
+    # one patent-litigation phrase and one cure-period phrase, 7 runs of 8 words in all.
+    legal = runs([BUILTIN["legal"]]) & runs([bench / "heldout" / "legal.txt"])
+    assert len(legal) <= 10, sorted(legal)
+    for a, b in (("calibration", "dev"), ("calibration", "heldout"), ("dev", "heldout")):
+        shared = (seen[a] & seen[b]) - legal
+        assert not shared, f"{a} and {b} share {len(shared)} passages, e.g. {sorted(shared)[:3]}"
