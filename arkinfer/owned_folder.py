@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,11 +120,18 @@ def summarise(problems: list[str]) -> str:
     return shown + (f" and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
 
 
-def file_hashes(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+def file_hashes(folder: Path, skip: tuple[str, ...] = (),
+                progress: Callable[[str], None] | None = None) -> dict[str, str]:
     """{relative path: sha256} of every regular file under `folder` except the names in `skip`
-    (the record itself); what a writer puts in its record's `files`."""
-    return {e.rel: sha256_file(folder / e.rel) for e in walk(folder)
-            if e.kind == "file" and e.rel not in skip}
+    (the record itself); what a writer puts in its record's `files`. `progress("hash REL")`
+    before each file."""
+    out = {}
+    for e in walk(folder):
+        if e.kind == "file" and e.rel not in skip:
+            if progress is not None:
+                progress(f"hash {e.rel}")
+            out[e.rel] = sha256_file(folder / e.rel)
+    return out
 
 
 def record_files(record: Path) -> dict[str, str | None] | None:

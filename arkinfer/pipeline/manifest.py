@@ -23,6 +23,7 @@ from typing import Any
 from arkinfer.errors import ArkError
 from arkinfer.output_folder import MARKER
 from arkinfer.owned_folder import Entry, sha256_file, unlisted_entries, walk
+from arkinfer.owned_folder import file_hashes as owned_file_hashes  # {rel: sha256}
 from arkinfer.paths import require_regular_file, resolve_inside
 
 MANIFEST_NAME = "arkinfer.json"
@@ -44,15 +45,8 @@ def schema() -> dict[str, Any]:
 def file_hashes(folder: Path, progress=None) -> dict[str, dict[str, Any]]:
     """{relative path: {"sha256", "bytes"}} of every regular file under `folder` except the
     manifest and the staging marker (which leaves the folder before it becomes the artifact)."""
-    out = {}
-    for entry in walk(folder):
-        if entry.kind != "file" or entry.rel in (MANIFEST_NAME, MARKER):
-            continue
-        if progress is not None:
-            progress(f"hash {entry.rel}")
-        path = folder / entry.rel
-        out[entry.rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-    return out
+    hashes = owned_file_hashes(folder, skip=(MANIFEST_NAME, MARKER), progress=progress)
+    return {rel: {"sha256": h, "bytes": (folder / rel).stat().st_size} for rel, h in hashes.items()}
 
 
 def source_file_hashes(source: Path, progress=None) -> dict[str, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from arkinfer.backend import backend_names, check_backend_options, get_backend
-from arkinfer.errors import ArkError, NotAvailableError
+from arkinfer.errors import NotAvailableError
 from arkinfer.frontend.checkpoint import read_config, resolve_model_path
 from arkinfer.output_folder import check_output
 from arkinfer.resolve import resolve

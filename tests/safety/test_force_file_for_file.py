@@ -286,3 +286,12 @@ def test_import_force_replaces_its_own_import_and_refuses_an_added_file(tmp_path
     (out / "README.md").write_text("my model card")
     _refused(runner.invoke(app, [*args, "--force"]), "README.md")
     assert (out / "README.md").read_text() == "my model card"
+
+
+def test_the_record_names_output_folder_knows_are_their_owners_names():
+    """output_folder cannot import its owners (they import it): it keeps their names, checked."""
+    from arkinfer.frontend.gguf_import import RECORD_NAME
+    from arkinfer.pipeline.manifest import MANIFEST_NAME
+    from arkinfer.quant.export import SUMMARY_NAME
+
+    assert output_folder.RECORD_NAMES == (MANIFEST_NAME, SUMMARY_NAME, RECORD_NAME)
