@@ -45,7 +45,8 @@ TEXTS = {
     "heldout": {name: DATA / "heldout" / f"{name}.txt"
                 for name in ("dialogue", "code", "technical", "legal", "chinese", "french")},
     "dev": {"prose": ROOT / "arkinfer" / "data" / "corpus_eval.txt",
-            "technical": DATA / "dev" / "technical.txt", "code": DATA / "dev" / "code.txt"},
+            "technical": DATA / "dev" / "technical.txt", "code": DATA / "dev" / "code.txt",
+            "portuguese": DATA / "dev" / "portuguese.txt"},
 }
 WORK = Path("/tmp/arkinfer-quant-quality")
 
@@ -79,10 +80,14 @@ ROWS = {
                                ACT, calib="prose"),
     "pgptq-q4_0-mse": Row("P-GPTQ Q4_0 act-order, searched scales",
                           dict(calib="pgptq", format="gguf-q4_0", group_size=32, grid="mse"), ACT),
-    "gptq-g64-mse": Row("GPTQ g64 sym act-order checkpoint (gptq layout)",
+    "gptq-mix-4.9": Row("GPTQ act-order, GGUF types per tensor by measured sensitivity, <= 4.9 "
+                        "bits (preset gptq-mix)",
+                        dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                             skip=(), budget=4.9), ACT),
+    "gptq-g64-mse": Row("GPTQ g64 sym act-order checkpoint (gptq layout; preset gptq)",
                         dict(calib="gptq", format="gptq", group_size=64, grid="mse",
                              desc_act=True), runtime="torch"),
-    "awq-g64-mse": Row("AWQ g64 asym checkpoint (awq layout)",
+    "awq-g64-mse": Row("AWQ g64 asym checkpoint (awq layout; preset awq)",
                        dict(calib="awq", format="awq", group_size=64, sym=False, grid="mse"),
                        runtime="torch"),
 }
@@ -207,13 +212,15 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--texts", choices=sorted(TEXTS), default="heldout")
     ap.add_argument("--only", default=None, help="comma list of rows: " + ",".join(ORDER))
-    ap.add_argument("--windows", type=int, default=6, help="windows per domain")
+    ap.add_argument("--windows", type=int, default=None,
+                    help="windows per domain (default: 4 for heldout, 6 for dev, as recorded)")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--samples", type=int, default=64, help="calibration windows")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    args.windows = args.windows or {"heldout": 4, "dev": 6}[args.texts]
     torch.set_num_threads(args.threads)
     from arkinfer.frontend.checkpoint import load, open_checkpoint
     from arkinfer.generate import model_logits_fn
@@ -254,7 +261,7 @@ def markdown(results: dict) -> str:
             continue
         r = rows[name]
         cells = [f"{100 * r['domains'][d]['ppl_increase']:+.1f} % / {r['domains'][d]['kl']:.4f}"
-                 for d in domains]
+                 if d in r["domains"] else "-" for d in domains]
         lines.append(f"| {r['label']} | {r.get('bits_per_weight', '-')} | " + " | ".join(cells)
                      + " |")
     return "\n".join(lines)

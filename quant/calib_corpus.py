@@ -1,18 +1,19 @@
 """Where calibration text comes from: the built-in multi-domain corpus, a folder of the user's
 files (one domain each), or one file; and how chats become text.
 
-    domains = calibration_domains(None)           # the built-in corpus, eight domains
+    domains = calibration_domains(None)           # the built-in corpus, nine domains
     domains = calibration_domains("prose")        # corpus_train.txt alone (the old default)
     domains = calibration_domains("./my-calib/")  # every .txt / .jsonl / .ndjson in the folder
     domains = calibration_domains("notes.jsonl")  # one file, one domain
+    # --calib self: the model writes the text (quant/calib_self.py, via load_calibration)
 
 The built-in corpus (`arkinfer/data/calib/`, licences in its README.md) covers what the models
 ArkInfer targets read: English prose (`corpus_train.txt`), chat (English and Chinese, rendered
 through the model's own chat template), Python code, technical documentation, legal text,
-worked mathematics and Chinese prose. GPTQ fitted on one domain fits that domain: on
-SmolLM2-135M, prose-only calibration beat plain RTN on prose and lost to it on held-out legal
-text (BENCHMARKS.md, "Quantisation quality"). Windows are drawn from every domain alike
-(`quant.calib_data.load_calibration`), so no domain's size decides the mix.
+worked mathematics, Chinese prose and Spanish, German and Italian prose. GPTQ fitted on one
+domain fits that domain: on SmolLM2-135M, prose-only calibration beat plain RTN on prose and lost
+to it on held-out legal text (BENCHMARKS.md, "Quantisation quality"). Windows are drawn from
+every domain alike (`quant.calib_data.load_calibration`), so no domain's size decides the mix.
 
 A `.jsonl` record is `{"text": ...}` or a chat `{"messages": [{"role", "content"}, ...]}`; a
 chat is rendered with the tokenizer's chat template (no generation prompt), or as
@@ -43,8 +44,10 @@ BUILTIN = {  # domain -> file; the order is the order windows are dealt in
     "math": DATA / "calib" / "math.txt",
     "chinese": DATA / "calib" / "chinese.txt",
     "chinese-dialogue": DATA / "calib" / "chinese_dialogue.jsonl",
+    "european": DATA / "calib" / "european.txt",
 }
 NAMED = {"builtin": BUILTIN, "prose": {"prose": PROSE_TEXT}}
+SELF = "self"  # --calib self: sampled from the model itself (quant/calib_self.py)
 SUFFIXES = (".txt", ".jsonl", ".ndjson")
 JSONL = (".jsonl", ".ndjson")
 #: A --calib file holds far more text than calibration uses (--samples x --seq-len tokens,
@@ -57,11 +60,16 @@ RenderChat = Callable[[list[dict]], str]
 
 @dataclass(frozen=True)
 class Domain:
-    """One domain of calibration text: its name, its file, the file's bytes."""
+    """One domain of calibration text: its name, its file, the file's bytes.
+
+    `ids`: token id sequences the text already is (text the model wrote, `quant.calib_self`):
+    used as they are, never decoded and tokenised again (that round trip is not exact). `raw`
+    then holds the JSON Lines records of those sequences, so `sha256` names the text used."""
 
     name: str
     path: Path
     raw: bytes
+    ids: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def sha256(self) -> str:
@@ -71,8 +79,18 @@ class Domain:
         return read_texts(self.path, self.raw, render_chat)
 
 
+def is_self(calib: str | Path | None) -> bool:
+    """True for `--calib self` (text the model writes, `quant.calib_self`); a path wins."""
+    return calib is not None and str(calib) == SELF and not Path(calib).exists()
+
+
 def calibration_domains(calib: str | Path | None) -> list[Domain]:
-    """The domains of `--calib` (None: the built-in corpus), every file read and bounded."""
+    """The domains of `--calib` (None: the built-in corpus), every file read and bounded.
+    `self` is refused here: the model writes that text (`load_calibration(..., checkpoint=)`)."""
+    if is_self(calib):
+        raise QuantError("--calib self is text the model writes itself; it needs the model, "
+                         "not a file", "call load_calibration(tokenizer, 'self', ..., "
+                         "checkpoint=ckpt), or name a calibration file")
     if calib is None or (str(calib) in NAMED and not Path(calib).exists()):  # a path wins
         files = NAMED["builtin" if calib is None else str(calib)]
         return [Domain(name, path, _read(path)) for name, path in files.items()]

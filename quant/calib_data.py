@@ -1,11 +1,13 @@
 """Calibration data: which token sequences the calibrators see, chosen deterministically.
 
 Default text: the built-in multi-domain corpus (`quant.calib_corpus`: prose, chat, code,
-technical, legal, math, Chinese; every file written for ArkInfer or under a licence recorded in
-arkinfer/data/calib/README.md). `--calib prose` is the old default, corpus_train.txt alone (the
-demo model's training text); `--calib FILE` one file; `--calib DIR` one domain per file.
-None of it is evaluation text: perplexity is measured on held-out text (benchmarks/data/heldout/,
-arkinfer/data/corpus_eval.txt).
+technical, legal, math, Chinese, Spanish/German/Italian; every file written for ArkInfer or
+under a licence recorded in arkinfer/data/calib/README.md). `--calib prose` is the old
+default, corpus_train.txt alone (the demo model's training text); `--calib FILE` one file;
+`--calib DIR` one domain per file; `--calib self` text the model samples itself
+(`quant.calib_self`: one domain per seed kind, its token ids used as generated, cached per
+model and seed). None of it is evaluation text: perplexity is measured on held-out text
+(benchmarks/data/heldout/, arkinfer/data/corpus_eval.txt).
 
 Each domain's texts are tokenised (no special tokens; chats through the chat template) and
 joined, separated by the tokenizer's EOS token when it has one, into one token stream. The
@@ -15,13 +17,16 @@ i + D, ...), each domain's windows start at offsets drawn with
 way). A stream shorter than `seq_len` gives one right-padded sequence with a mask.
 
 `CalibData.sha256` hashes the token ids, the mask and the settings; it goes into the output's
-recipe so a quantised model names exactly the data it was calibrated on.
+recipe so a quantised model names exactly the data it was calibrated on. The settings record the
+mix: every domain with its windows (`samples`), stream length and text sha256; for `self` also
+`generation` (model hash, seed prompts, temperature, top-p).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -30,8 +35,8 @@ import torch
 
 from arkinfer.text_pieces import tokenize_pieces
 
-from .calib_corpus import (CALIB_MAX_BYTES, NAMED, PROSE_TEXT, calibration_domains, chat_renderer,
-                           read_texts)
+from .calib_corpus import (CALIB_MAX_BYTES, NAMED, PROSE_TEXT, Domain, calibration_domains,
+                           chat_renderer, is_self, read_texts)
 from .weight import QuantError
 
 __all__ = ["CALIB_MAX_BYTES", "CalibData", "PROSE_TEXT", "calibration_from_ids",
@@ -123,19 +128,35 @@ def check_calibration_size(samples: int, seq_len: int, max_positions: int | None
 
 def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samples: int = 128,
                      seq_len: int = 512, seed: int = 0, eos_id: int | None = None, *,
-                     max_positions: int | None = None, hidden_size: int | None = None
+                     max_positions: int | None = None, hidden_size: int | None = None,
+                     checkpoint=None, progress: Callable[[str], None] | None = None
                      ) -> CalibData:
     """Tokenise the calibration text (`path`: None = the built-in corpus, "prose", a file or a
     folder; `quant.calib_corpus`) and sample windows from every domain alike. With the model's
     `max_positions` and `hidden_size`, impossible sizes are refused before anything is read or
-    allocated (`check_calibration_size`)."""
+    allocated (`check_calibration_size`).
+
+    `path="self"`: text the model writes (`quant.calib_self`), which needs `checkpoint` (the
+    opened model); `progress(line)` hears its sampling progress and cache notes; the settings
+    then hold a `generation` record (model hash, seed prompts, temperature)."""
     check_calibration_size(samples, seq_len, max_positions, hidden_size)
-    domains = calibration_domains(path)
+    generation = None
+    if is_self(path):
+        if checkpoint is None:
+            raise QuantError("--calib self samples the model itself, but this caller gave "
+                             "calibration no model", "use `arkinfer quantize MODEL --calib self`"
+                             " (in code: load_calibration(..., checkpoint=open_checkpoint(MODEL)))"
+                             ", or name a calibration file")
+        from .calib_self import self_domains
+
+        domains, generation = self_domains(checkpoint, samples, seq_len, seed, progress)
+    else:
+        domains = calibration_domains(path)
     render = chat_renderer(tokenizer)
     used = domains[:samples]  # fewer windows than domains: the first ones, in the corpus order
     parts, mask_parts, records = [], [], []
     for i, domain in enumerate(used):
-        stream = _stream(domain.texts(render), tokenizer, eos_id)
+        stream = _stream_of(domain, render, tokenizer, eos_id)
         count = len(range(i, samples, len(used)))
         ids, mask = sample_windows(stream, count, seq_len, seed + i, pad_id=eos_id or 0)
         parts.append(ids)
@@ -144,12 +165,23 @@ def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samp
                         "sha256": domain.sha256, "stream_tokens": len(stream),
                         "samples": int(ids.shape[0])})
     source = "builtin" if path is None else str(path)
-    if len(domains) == 1 and path is not None and str(path) not in NAMED:
+    if len(domains) == 1 and path is not None and str(path) not in NAMED and generation is None:
         source = domains[0].path.name
     digest = hashlib.sha256("".join(d.sha256 for d in domains).encode()).hexdigest()
     settings = {"source": source, "source_sha256": digest, "domains": records,
                 "requested_samples": samples, "seed": seed}
+    if generation is not None:
+        settings["generation"] = generation
     return CalibData(torch.cat(parts), torch.cat(mask_parts), settings)
+
+
+def _stream_of(domain: Domain, render, tokenizer: _Tokenizer, eos_id: int | None) -> list[int]:
+    """A domain's token stream: its sequences as they are when it has ids (each sample of
+    `--calib self` already starts with its prompt and ends at its stop token), else its texts
+    tokenised and joined by `_stream`."""
+    if domain.ids is not None:
+        return [t for seq in domain.ids for t in seq]
+    return _stream(domain.texts(render), tokenizer, eos_id)
 
 
 def _stream(texts: list[str], tokenizer: _Tokenizer, eos_id: int | None) -> list[int]:

@@ -23,7 +23,8 @@ Linears a format refuses or the recipe skips keep `<linear>.weight` (float) and 
 copied as-is in its source dtype; float tensors the calibration changed (AWQ's norm weights) are
 written in the source dtype. One safetensors shard per decoder block plus one for the rest, an
 index, the tokenizer files, and `quant_summary.json` (per-layer recipe and SNR, calibration hash,
-timings, bits per weight). The folder is built under a temporary name and renamed into place.
+timings, bits per weight, and `quality`: KL vs the float model, see `record_quality`). The
+folder is built under a temporary name and renamed into place.
 """
 
 from __future__ import annotations
@@ -87,6 +88,23 @@ def quantization_config(fmt_name: str, sample: QuantizedWeight | None, run: Cali
             "meta": _meta(run)}
 
 
+def layer_formats(run: CalibrationRun, ckpt, tied: bool) -> dict[str, dict[str, Any]]:
+    """{linear owner name: {format, bits, group_size, sym}} for every linear a per-layer override
+    of the recipe stores in another format than the folder's (`quant.load` and the GGUF backend
+    read it); the tied output layer is listed as `model.embed_tokens`."""
+    owners = [r["name"] for b in run.blocks for r in b["linears"] if r["status"] == "quantised"]
+    if run.tail is not None and run.tail.get("status") == "quantised":
+        owners.append("lm_head")
+    out = {}
+    for owner in owners:
+        sub = run.recipe.for_layer(owner)
+        if sub is not run.recipe:
+            key = "model.embed_tokens" if owner == "lm_head" and tied else owner
+            out[key] = {"format": sub.format, "bits": sub.bits, "group_size": sub.group_size,
+                        "sym": sub.sym}
+    return out
+
+
 def _meta(run: CalibrationRun) -> dict[str, Any]:
     """GPTQModel-style provenance (transformers' GPTQConfig keeps it in `meta`)."""
     from arkinfer import __version__
@@ -143,6 +161,12 @@ def _write_folder(run: CalibrationRun, ckpt, fmt, tmp: Path, t0: float) -> None:
     if run.tail is not None and run.tail.get("status") == "quantised":
         tail_q = load_weights(run.work_dir / "tail.safetensors")[0]
     head_names = [h for h in ckpt.weights.names() if h.startswith("lm_head.")]
+    # A mixed-precision recipe (per-layer formats) budgets the tied output layer once: it is the
+    # embedding, stored quantised and still tied. Otherwise a quantised lm_head is untied and the
+    # embedding keeps its float weights (ternary or 4-bit input embeddings are not wanted there).
+    tied = (bool(ckpt.raw_config.get("tie_word_embeddings")) and "lm_head" in tail_q
+            and bool(run.recipe.layers) and fmt.name not in RUNTIME_LAYOUTS)
+    tied_head = tail_q.pop("lm_head") if tied else None
     # shard 0: embeddings and the other small tensors; 1..n: the blocks; n+1: lm_head (apart
     # from the embeddings so export never holds both vocabulary-sized tensors at once)
     shard_count = n + 1 + bool(tail_q or head_names)
@@ -158,15 +182,21 @@ def _write_folder(run: CalibrationRun, ckpt, fmt, tmp: Path, t0: float) -> None:
         tensors.clear()
         release_maps(ckpt)
 
-    def pack(owner: str, qw: QuantizedWeight, tensors: dict[str, torch.Tensor]) -> None:
-        packed = fmt.pack(qw)
+    def pack(owner: str, qw: QuantizedWeight, tensors: dict[str, torch.Tensor],
+             layer: str | None = None) -> None:
+        """`owner`'s tensors, packed in the format the recipe gives linear `layer` (= owner)."""
+        packed = get_format(run.recipe.for_layer(layer or owner).format).pack(qw)
         for key, arr in packed.items():
             tensors[f"{owner}.{key}"] = _torch(arr)
         stats["quantised_weights"] += qw.codes.numel()
         stats["packed_bytes"] += sum(a.nbytes for a in packed.values())
 
-    write(0, {name: ckpt.weights.get(name) for name in ckpt.weights.names()
-              if not name.startswith(("model.layers.", "lm_head."))})
+    first = {name: ckpt.weights.get(name) for name in ckpt.weights.names()
+             if not name.startswith(("model.layers.", "lm_head."))}
+    if tied:  # the tied output layer is the embedding: stored once, quantised, still tied
+        del first["model.embed_tokens.weight"]
+        pack("model.embed_tokens", tied_head, first, layer="lm_head")
+    write(0, first)
     for i in range(n):
         quantized, floats, info = load_weights(block_file(run.work_dir, i))
         prefix = f"model.layers.{i}."
@@ -193,10 +223,12 @@ def _write_folder(run: CalibrationRun, ckpt, fmt, tmp: Path, t0: float) -> None:
     elif head_names:
         write(n + 1, {h: ckpt.weights.get(h) for h in head_names})
     raw = dict(ckpt.raw_config)
-    lm_head = "lm_head" in tail_q
-    if lm_head and raw.get("tie_word_embeddings"):
+    lm_head = "lm_head" in tail_q or tied
+    if lm_head and not tied and raw.get("tie_word_embeddings"):
         raw["tie_word_embeddings"] = False  # lm_head is now its own (quantised) tensor
     qcfg = quantization_config(fmt.name, sample, run, float_linears, lm_head)
+    if run.recipe.layers:
+        qcfg["layers"] = layer_formats(run, ckpt, tied)
     raw["quantization_config"] = qcfg
     _write_json(tmp / "config.json", raw)
     if fmt.name in ("gptq", "marlin"):
@@ -229,9 +261,24 @@ def build_summary(run: CalibrationRun, fmt_name: str, qcfg: dict, stats: dict,
         "min_linear_snr_db": min(snrs) if snrs else None,
         "mean_block_snr_db": round(sum(blocks) / len(blocks), 3) if blocks else None,
         "blocks": run.blocks, "lm_head": run.tail,
+        # how predictions changed (KL etc. vs the float model): `record_quality`; null = not
+        # measured (arkinfer quantize --no-kl)
+        "quality": None,
         "timings": {"calibration_seconds": run.seconds,
                     "per_block_seconds": [b["seconds"] for b in run.blocks]},
     }
+
+
+def record_quality(folder: Path, quality: dict[str, Any]) -> dict[str, Any]:
+    """Write `quality` (`arkinfer.pipeline.verify.quantisation_quality`: mean KL, top-1
+    agreement and perplexity change against the float model on the verify prompts) into the
+    folder's summary under `quality`; the summary lists itself without a hash, so the folder's
+    file record stays valid. Returns the updated summary."""
+    path = Path(folder) / SUMMARY_NAME
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    summary["quality"] = quality
+    _write_json(path, summary)
+    return summary
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -51,6 +51,16 @@ def format_of(qcfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                             "'arkinfer' layouts")
 
 
+def layer_format(qcfg: dict[str, Any], owner: str) -> tuple[str, dict[str, Any]] | None:
+    """(format name, unpack parameters) of linear `owner` when the folder's per-layer table
+    (`quantization_config.layers`, written by mixed-precision recipes) lists it; else None."""
+    entry = (qcfg.get("layers") or {}).get(owner)
+    if entry is None:
+        return None
+    return str(entry["format"]), {"bits": entry.get("bits"), "group_size": entry.get("group_size"),
+                                  "sym": entry.get("sym")}
+
+
 def _packed_owners(ckpt: Checkpoint) -> dict[str, list[str]]:
     """linear name -> keys of its packed tensors (`...mlp.up_proj` -> [qweight, qzeros, ...]).
 
@@ -88,7 +98,10 @@ def load_quantized_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -
         owner = name[: -len(".weight")] if name.endswith(".weight") else None
         if owner in owners and len(shape) == 2:
             tensors = {k: ckpt.weights.get(f"{owner}.{k}").numpy() for k in owners[owner]}
-            qw = fmt.unpack(tensors, shape[0], shape[1], **params)
+            own = layer_format(qcfg, owner)
+            unpack_fmt, unpack_params = (fmt, params) if own is None else \
+                (get_format(own[0]), own[1])
+            qw = unpack_fmt.unpack(tensors, shape[0], shape[1], **unpack_params)
             state[name] = qw.dequantize().to(dtype)
         elif name in ckpt.weights:
             if tuple(ckpt.weights.shape(name)) != tuple(shape):

@@ -31,6 +31,14 @@ class QuantRecipe:
     grid: how a group's scale is chosen (quant/rtn.py): mse (ggml's grid, scale searched; the
     default), ggml (Q4_0's rule, all 16 levels), minmax (GPTQ's reference, 15 of 16 levels when
     symmetric). Ternary recipes ignore it.
+    layers: per-linear storage overrides, `(pattern, format)` pairs matched like `skip` against the
+    full linear name (`model.layers.3.mlp.down_proj`, `lm_head`); the first match wins and the
+    linear is stored in that format at its bits, group size and symmetry (`for_layer`). Only
+    ArkInfer's own layouts hold several formats in one folder, so the runtime checkpoint layouts
+    (gptq, marlin, awq) take no overrides.
+    budget: mean stored bits per weight (linears and output layer) for mixed precision: before
+    calibrating, `quant.mix` measures each tensor's sensitivity and writes `layers` to fit it
+    (`calib.stream.calibrate` does this when `layers` is empty). None: one format throughout.
     """
 
     calib: Calib
@@ -41,6 +49,8 @@ class QuantRecipe:
     desc_act: bool = False
     skip: tuple[str, ...] = ("lm_head",)
     grid: Grid = "mse"
+    layers: tuple[tuple[str, str], ...] = ()
+    budget: float | None = None
 
     def __post_init__(self) -> None:
         if self.calib not in get_args(Calib):
@@ -72,6 +82,45 @@ class QuantRecipe:
         if self.desc_act and (not c.act_order or self.calib not in ("gptq", "pgptq")):
             raise QuantError(f"{where}: desc_act=True needs a GPTQ calibration and a format with "
                              "g_idx (gptq)", "set desc_act=False")
+        self._check_layers(where)
+
+    def _check_layers(self, where: str) -> None:
+        if self.budget is not None:
+            if not self.format.startswith("gguf-"):
+                raise QuantError(f"{where}: a bits budget mixes GGUF block formats; "
+                                 f"{self.format} is not one", "use a gguf-* format")
+            if not (isinstance(self.budget, (int, float)) and 4.0 <= self.budget <= 8.5):
+                raise QuantError(f"{where}: budget={self.budget!r} bits per weight is outside "
+                                 "4.0..8.5", "use e.g. 4.9 (Q4_0 is 4.5, Q8_0 8.5)")
+        if not self.layers:
+            return
+        if self.format in ("gptq", "marlin", "awq"):
+            raise QuantError(f"{where}: per-layer formats need one of ArkInfer's own layouts; "
+                             f"{self.format} stores one bit width for every linear",
+                             "use a gguf-* format, or drop the layer overrides")
+        for pair in self.layers:
+            if not (isinstance(pair, tuple) and len(pair) == 2
+                    and all(isinstance(x, str) for x in pair)):
+                raise QuantError(f"{where}: layer override {pair!r} is not a (pattern, format) "
+                                 "pair of strings", "write layers=(('*.down_proj', 'gguf-q8_0'),)")
+            self._sub(pair[1])  # validates the override's format against this calibration
+
+    def _sub(self, format_name: str) -> QuantRecipe:
+        c = get_format(format_name).constraints
+        group = self.group_size if c.group_sizes is None or self.group_size in c.group_sizes \
+            else c.group_sizes[0]
+        sym = self.sym if self.sym in c.sym else c.sym[0]
+        bits = self.bits if self.bits in c.bits else c.bits[0]
+        return replace(self, format=format_name, bits=bits, group_size=group, sym=sym,
+                       layers=(), budget=None)
+
+    def for_layer(self, name: str) -> QuantRecipe:
+        """The recipe linear `name` is quantised with: the first matching `layers` override as a
+        recipe of its own (its format's bits, group size and symmetry), else this recipe."""
+        for pattern, format_name in self.layers:
+            if fnmatchcase(name, pattern) or fnmatchcase(name, f"*{pattern}"):
+                return self._sub(format_name)
+        return self
 
     def skips(self, layer_name: str) -> bool:
         """True when `layer_name` matches one of the skip patterns (kept in full precision)."""
@@ -83,8 +132,11 @@ class QuantRecipe:
         if self.calib == "ternary":
             return f"ternary (group {self.group_size}) -> {self.format}"
         grid = "" if self.grid == "mse" else f" {self.grid}-grid"
+        mixed = f" ({len(self.layers)} layer overrides)" if self.layers else ""
+        if self.budget is not None:
+            mixed += f" mixed <= {self.budget:g} bits"
         return (f"{self.calib} {self.bits}-bit g{self.group_size} "
-                f"{'sym' if self.sym else 'asym'}{order}{grid} -> {self.format}")
+                f"{'sym' if self.sym else 'asym'}{order}{grid} -> {self.format}{mixed}")
 
 
 # Every uniform preset searches its group scales (grid "mse", the default; docs/quant.md §1.1):
@@ -93,12 +145,16 @@ class QuantRecipe:
 # quantiser in the GGUF backend (bytes equal to llama-quantize's) unless `--option rtn=folder`.
 PRESETS: dict[str, QuantRecipe] = {
     "marlin": QuantRecipe("gptq", "marlin", 4, 128, sym=True, desc_act=False),
-    "gptq": QuantRecipe("gptq", "gptq", 4, 128, sym=True),
+    # act-order (g_idx stored; vLLM's gptq and gptq_marlin kernels take desc_act checkpoints)
+    "gptq": QuantRecipe("gptq", "gptq", 4, 128, sym=True, desc_act=True),
     "awq": QuantRecipe("awq", "awq", 4, 128, sym=False),
     "q4_0": QuantRecipe("rtn", "gguf-q4_0", 4, 32, sym=True),
     # GPTQ-calibrated Q4_0 (llama.cpp's block layout); P-GPTQ: see quant/calib/pgptq.py
     "gptq-q4_0": QuantRecipe("gptq", "gguf-q4_0", 4, 32, sym=True),
     "pgptq-q4_0": QuantRecipe("pgptq", "gguf-q4_0", 4, 32, sym=True),
+    # GPTQ with per-tensor GGUF types chosen by measured sensitivity (quant/mix.py) to a mean of
+    # 4.9 stored bits per weight over the linears and the (tied) output layer
+    "gptq-mix": QuantRecipe("gptq", "gguf-q4_0", 4, 32, sym=True, skip=(), budget=4.9),
     "q4_1": QuantRecipe("rtn", "gguf-q4_1", 4, 32, sym=False),
     "q8_0": QuantRecipe("rtn", "gguf-q8_0", 8, 32, sym=True),
     "ternary": QuantRecipe("ternary", "gguf-tq2_0", 2, -1, sym=True),

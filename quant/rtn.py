@@ -32,15 +32,27 @@ reference keeps `xmin = 0` when a row has no negative value (and then clips its 
 `scale_dtype` (e.g. torch.float16) rounds the scale through that dtype *before* the zero point
 and codes are computed, so formats storing fp16 scales (GPTQ, AWQ, Marlin, GGUF, MLX) hold the
 weight without further loss.
+
+`fmt` (a storage format or its name; `group_params`, `quantize_rtn`, and GPTQ through
+`group_params`) makes the parameters representable in that format *before* the codes are
+chosen: the groups' scales (and, for a `float_mins` format, float minimums instead of integer
+zero points: value = scale*code - min, min = -xmin of the grid's range) go through
+`fmt.snap_params` (the GGUF K-quants quantise them per 256-weight super-block to fp16 d x 6/8-bit
+sub-scales), and the codes are rounded for the snapped values. A group whose scale snaps to 0
+gets code = zero (value 0; with mins, code 0, value -min).
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
+import numpy as np
 import torch
 
 from .weight import UNIFORM_BITS, QuantError, QuantizedWeight
+
+if TYPE_CHECKING:
+    from .formats.base import Format
 
 
 Grid = Literal["minmax", "ggml", "mse"]
@@ -137,15 +149,19 @@ def _sym_error(w: torch.Tensor, scale: torch.Tensor, half: float, wt: torch.Tens
     return (wt * (w - s * q) ** 2).sum(dim=1)
 
 
-def _search_asym(w: torch.Tensor, bits: int, wt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _search_asym(w: torch.Tensor, bits: int, wt: torch.Tensor,
+                 float_min: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """make_qkx2_quants: (scale, min) per row, min <= 0, from 21 trial scales over the row's
-    range, each refit (scale and min together) by weighted least squares for its codes."""
+    range, each refit (scale and min together) by weighted least squares for its codes.
+    Each fit is scored as it will be stored: with the zero point round(-min / scale) (integer
+    zeros), or with the float min itself (`float_min`, K-quants)."""
+    error = _float_min_error if float_min else _asym_error
     maxq = float((1 << bits) - 1)
     lo = torch.minimum(w.amin(dim=1), torch.zeros(()))
     hi = torch.maximum(w.amax(dim=1), torch.zeros(()))
     span = torch.where(hi > lo, hi - lo, torch.ones(()))
     best_s, best_min = span / maxq, lo
-    best_err = _asym_error(w, best_s, best_min, maxq, wt)
+    best_err = error(w, best_s, best_min, maxq, wt)
     sw, sx = wt.sum(dim=1), (wt * w).sum(dim=1)
     for step in range(21):
         iscale = (maxq - 1 + 0.1 * step) / span  # rmin -1, rdelta 0.1, as llama.cpp's Q4_K
@@ -160,7 +176,7 @@ def _search_asym(w: torch.Tensor, bits: int, wt: torch.Tensor) -> tuple[torch.Te
         scale = torch.where(fix, sxl / sl2.clamp_min(1e-30), scale)
         mn = torch.where(fix, torch.zeros(()), mn)
         ok = ok & (scale > 0)
-        err = _asym_error(w, torch.where(ok, scale, best_s), torch.where(ok, mn, best_min), maxq, wt)
+        err = error(w, torch.where(ok, scale, best_s), torch.where(ok, mn, best_min), maxq, wt)
         better = ok & (err < best_err)
         best_s = torch.where(better, scale, best_s)
         best_min = torch.where(better, mn, best_min)
@@ -175,21 +191,95 @@ def _asym_error(w: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, maxq: fl
     return (wt * (w - scale[:, None] * (q - zero)) ** 2).sum(dim=1)
 
 
+def _float_min_error(w: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, maxq: float,
+                     wt: torch.Tensor) -> torch.Tensor:
+    q = torch.clamp(torch.round((w - mn[:, None]) / scale[:, None]), 0, maxq)
+    return (wt * (w - (scale[:, None] * q + mn[:, None])) ** 2).sum(dim=1)
+
+
 def quantize_with(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
                   bits: int) -> torch.Tensor:
     """Codes uint8, same shape as `w`: clamp(round(w / scale) + zero, 0, 2^bits - 1).
-    `scale`, `zero` broadcast against `w` (e.g. [rows, 1] for a column group)."""
+    `scale`, `zero` broadcast against `w` (e.g. [rows, 1] for a column group); where the scale
+    is 0 (a snapped K-quant sub-scale) the code is the zero point."""
     _check_bits(bits)
-    q = torch.round(w.float() / scale) + zero
+    dead = scale == 0
+    if bool(dead.any()):
+        q = torch.where(dead, zero, torch.round(w.float() / torch.where(dead, 1.0, scale)) + zero)
+    else:
+        q = torch.round(w.float() / scale) + zero
     return torch.clamp(q, 0, (1 << bits) - 1).to(torch.uint8)
+
+
+def quantize_with_min(w: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,
+                      bits: int) -> torch.Tensor:
+    """Codes uint8 for value = scale*code - low: clamp(round((w + low) / scale), 0, 2^bits - 1)
+    (llama.cpp's Q4_K rounding); code 0 where the scale is 0. Broadcasts as quantize_with."""
+    _check_bits(bits)
+    dead = scale == 0
+    q = torch.round((w.float() + low) / torch.where(dead, 1.0, scale))
+    return torch.clamp(torch.where(dead, 0.0, q), 0, (1 << bits) - 1).to(torch.uint8)
+
+
+def resolve_format(fmt: Format | str | None) -> Format | None:
+    """A format instance from a format or its registered name (None stays None)."""
+    if fmt is None or not isinstance(fmt, str):
+        return fmt
+    from .formats import get_format
+
+    return get_format(fmt)
+
+
+def _scale_min(w: torch.Tensor, bits: int, grid: Grid,
+               importance: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, min >= 0) per row of `w` [rows, cols] for value = scale*code - min: the asym
+    grid's scale and range minimum (mse: make_qkx2_quants' search; else min/max)."""
+    if grid == "mse":
+        scale, xmin = _search_asym(w, bits, _weights(w, importance), float_min=True)
+    else:
+        scale, xmin = _minmax(w, bits, False)
+    return scale, (-xmin).clamp_min(0)
+
+
+def group_params(w: torch.Tensor, bits: int, size: int, sym: bool, *,
+                 scale_dtype: torch.dtype | None = None, grid: Grid = "minmax",
+                 importance: torch.Tensor | None = None, fmt: Format | str | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Parameters of the groups of `size` consecutive columns of `w` [rows, cols] ->
+    (scales fp32 [rows, n], zeros fp32 [rows, n] integer-valued, mins fp32 [rows, n] or None),
+    n = cols / size. importance: [cols] or None. With `fmt`, snapped to what it stores (module
+    docstring); a `float_mins` format gives mins and zeros of 0."""
+    _check_bits(bits)
+    fmt = resolve_format(fmt)
+    rows, cols = w.shape
+    n = cols // size
+    groups = w.float().reshape(rows, n, size).reshape(-1, size)
+    imp = None
+    if importance is not None:
+        imp = importance.float().reshape(1, n, size).expand(rows, -1, -1).reshape(-1, size)
+    if fmt is not None and fmt.constraints.float_mins:
+        scale, low = _scale_min(groups, bits, grid, imp)
+        if scale_dtype is not None:
+            scale = scale.to(scale_dtype).float()
+        s, m = fmt.snap_params(scale.reshape(rows, n).numpy(), low.reshape(rows, n).numpy())
+        return (torch.from_numpy(np.ascontiguousarray(s, np.float32)), torch.zeros(rows, n),
+                torch.from_numpy(np.ascontiguousarray(m, np.float32)))
+    scale, zero = find_params(groups, bits, sym, scale_dtype, grid, imp)
+    scale, zero = scale.reshape(rows, n), zero.reshape(rows, n)
+    if fmt is not None:
+        s, _ = fmt.snap_params(scale.numpy())
+        scale = torch.from_numpy(np.ascontiguousarray(s, np.float32))
+    return scale, zero, None
 
 
 def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = True, *,
                  scale_dtype: torch.dtype | None = None, grid: Grid = "minmax",
-                 importance: torch.Tensor | None = None, name: str = "") -> QuantizedWeight:
+                 importance: torch.Tensor | None = None, name: str = "",
+                 fmt: Format | str | None = None) -> QuantizedWeight:
     """Round-to-nearest quantisation of `w` [out, in] per row and group of `group_size` input
     columns (-1 = whole row) on `grid` -> QuantizedWeight with static groups (g_idx None).
-    importance: [in] per input column (e.g. activations' mean square), or None."""
+    importance: [in] per input column (e.g. activations' mean square), or None. fmt: the
+    storage format whose parameter snapping applies (module docstring), e.g. "gguf-q4_k"."""
     _check_bits(bits)
     if w.dim() != 2:
         raise QuantError(f"weight {name!r} has shape {tuple(w.shape)}; quantize_rtn takes a 2-D "
@@ -200,12 +290,13 @@ def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = 
         raise QuantError(f"group_size={group_size} does not divide in_features={inp} of "
                          f"{name or 'the weight'!r}", f"use -1 or one of {ok or 'its divisors'}")
     size = inp if group_size == -1 else group_size
-    groups = w.float().reshape(out, inp // size, size).reshape(-1, size)
-    if importance is not None:  # [in] -> one row per (output row, group), as `groups`
-        importance = importance.float().reshape(1, inp // size, size).expand(out, -1, -1)
-        importance = importance.reshape(-1, size)
-    scale, zero = find_params(groups, bits, sym, scale_dtype, grid, importance)
-    codes = quantize_with(groups, scale, zero, bits).reshape(out, inp)
-    return QuantizedWeight(codes=codes, scales=scale.reshape(out, -1),
-                           zeros=zero.reshape(out, -1).to(torch.int32), bits=bits,
-                           group_size=group_size, sym=sym, name=name)
+    scale, zero, low = group_params(w, bits, size, sym, scale_dtype=scale_dtype, grid=grid,
+                                    importance=importance, fmt=fmt)
+    groups = w.float().reshape(out, inp // size, size)
+    if low is not None:
+        codes = quantize_with_min(groups, scale[..., None], low[..., None], bits)
+    else:
+        codes = quantize_with(groups, scale[..., None], zero[..., None], bits)
+    return QuantizedWeight(codes=codes.reshape(out, inp), scales=scale,
+                           zeros=zero.to(torch.int32), bits=bits, group_size=group_size,
+                           sym=sym, name=name, mins=low)

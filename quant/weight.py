@@ -16,6 +16,12 @@ Ternary weights (BitNet b1.58 / BitCPM, `kind="ternary"`) use the same definitio
 `bits=2`, trit `t ∈ {-1, 0, 1}` stored as code `t + 1 ∈ {0, 1, 2}` and every zero point 1, so
 `scale * (code - 1) = scale * t` (the code is TQ2_0's 2-bit code, `sym=True`).
 
+K-quant weights with a float minimum (GGUF Q4_K / Q5_K: `value = d·sc·q - dmin·m`, whose
+minimum is no integer multiple of the scale) carry `mins` float32 `[out, n_groups]` and the
+definition `W[o, k] = scales[o, g] * codes[o, k] - mins[o, g]` (fp32: one rounding in the product,
+one in the difference, as ggml's dequantize_row_q4_K); such a weight is asymmetric and its
+`zeros` are all 0 (unused). Every other weight has `mins=None`.
+
 `group_size=-1` means one group per row. Scales may be negative only when they come from a file
 that stores them so (ggml's Q4_0 writes `d = max / -8`); ArkInfer's quantisers write scales >= 0.
 """
@@ -30,7 +36,7 @@ import torch
 
 from arkinfer.errors import ArkError
 
-UNIFORM_BITS: tuple[int, ...] = (2, 3, 4, 8)
+UNIFORM_BITS: tuple[int, ...] = (2, 3, 4, 5, 6, 8)
 
 
 class QuantError(ArkError):
@@ -65,6 +71,7 @@ class QuantizedWeight:
     g_idx: torch.Tensor | None = None  # int32 [in]
     kind: Kind = Kind.UNIFORM
     name: str = field(default="", compare=False)  # layer name, used in error messages only
+    mins: torch.Tensor | None = None  # float32 [out, n_groups]: value = scale*code - min
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -77,6 +84,8 @@ class QuantizedWeight:
         set_(self, "zeros", _as_tensor(self.zeros, torch.int32, "zeros", self.name))
         if self.g_idx is not None:
             set_(self, "g_idx", _as_tensor(self.g_idx, torch.int32, "g_idx", self.name))
+        if self.mins is not None:
+            set_(self, "mins", _as_tensor(self.mins, torch.float32, "mins", self.name))
         self._validate()
         if self.g_idx is not None and torch.equal(self.g_idx, self._static_g_idx()):
             set_(self, "g_idx", None)
@@ -132,6 +141,8 @@ class QuantizedWeight:
         elif zmin < 0 or zmax > maxq:
             raise _fail(f"zeros of {who} span {zmin}..{zmax}; allowed 0..{maxq}",
                         "clamp zero points to the code range")
+        if self.mins is not None:
+            self._validate_mins(who, out, n_groups)
         if self.g_idx is not None:
             if tuple(self.g_idx.shape) != (inp,):
                 raise _fail(f"g_idx of {who} has shape {tuple(self.g_idx.shape)}; expected [{inp}]",
@@ -140,6 +151,19 @@ class QuantizedWeight:
                 lo, hi = int(self.g_idx.min()), int(self.g_idx.max())
                 raise _fail(f"g_idx of {who} spans {lo}..{hi}; allowed 0..{n_groups - 1}",
                             "index groups from 0")
+
+    def _validate_mins(self, who: str, out: int, n_groups: int) -> None:
+        if tuple(self.mins.shape) != (out, n_groups):
+            raise _fail(f"mins of {who} have shape {tuple(self.mins.shape)}; expected [out, "
+                        f"n_groups] = [{out}, {n_groups}]", "give one min per group, as scales")
+        if self.kind is not Kind.UNIFORM or self.sym:
+            raise _fail(f"{who} has float mins but is {self.kind} sym={self.sym}; mins belong "
+                        "to asymmetric uniform weights (K-quants)", "pass sym=False")
+        if self.zeros.numel() and bool((self.zeros != 0).any()):
+            raise _fail(f"{who} has float mins and nonzero zero points; with mins the value is "
+                        "scale*code - min and zeros must all be 0", "pass zeros of 0")
+        if not bool(torch.isfinite(self.mins).all()):
+            raise _fail(f"mins of {who} contain inf or nan", "check the weight for inf/nan")
 
     # ------------------------------------------------------------------------------- shape info
     @property
@@ -169,39 +193,55 @@ class QuantizedWeight:
 
     # ---------------------------------------------------------------------------- definitions
     def dequantize(self) -> torch.Tensor:
-        """float32 [out, in]: `scale * (code - zero)` per group chosen by g_idx."""
+        """float32 [out, in]: `scale * (code - zero)` per group chosen by g_idx
+        (`scale * code - min` for a weight with mins)."""
         gi = self.group_index()
+        if self.mins is not None:
+            return self.scales[:, gi] * self.codes.float() - self.mins[:, gi]
         diff = self.codes.float() - self.zeros.float()[:, gi]
         return self.scales[:, gi] * diff
 
     def numpy(self) -> dict[str, np.ndarray]:
         """codes uint8 [out, in], scales float32 and zeros int32 [out, n_groups], g_idx int32 [in]
-        (static grouping written out when g_idx is None)."""
+        (static grouping written out when g_idx is None); mins float32 [out, n_groups] too when
+        the weight has them."""
         gi = self.g_idx if self.g_idx is not None else self._static_g_idx()
-        return {"codes": self.codes.numpy(), "scales": self.scales.numpy(),
-                "zeros": self.zeros.numpy(), "g_idx": gi.numpy()}
+        out = {"codes": self.codes.numpy(), "scales": self.scales.numpy(),
+               "zeros": self.zeros.numpy(), "g_idx": gi.numpy()}
+        if self.mins is not None:
+            out["mins"] = self.mins.numpy()
+        return out
 
     def equals(self, other: QuantizedWeight) -> bool:
-        """Bit-exact equality of codes, scales, zeros, g_idx and the metadata."""
+        """Bit-exact equality of codes, scales, zeros, mins, g_idx and the metadata."""
         same_gidx = (self.g_idx is None and other.g_idx is None) or (
             self.g_idx is not None and other.g_idx is not None
             and torch.equal(self.g_idx, other.g_idx))
         return (self.bits, self.group_size, self.sym, self.kind) == (
             other.bits, other.group_size, other.sym, other.kind) and same_gidx and torch.equal(
             self.codes, other.codes) and torch.equal(self.zeros, other.zeros) and torch.equal(
-            self.scales.view(torch.int32), other.scales.view(torch.int32))
+            self.scales.view(torch.int32), other.scales.view(torch.int32)) and _same_mins(
+            self.mins, other.mins)
 
     def cast_scales(self, dtype: torch.dtype) -> QuantizedWeight:
         """Same codes and zeros with scales rounded through `dtype` (e.g. torch.float16), so the
         weight fits formats that store fp16 scales. Adds error; the build records how much."""
         return QuantizedWeight(self.codes, self.scales.to(dtype).float(), self.zeros, self.bits,
-                               self.group_size, self.sym, self.g_idx, self.kind, self.name)
+                               self.group_size, self.sym, self.g_idx, self.kind, self.name,
+                               None if self.mins is None else self.mins.to(dtype).float())
 
     def __repr__(self) -> str:
-        order = ", act_order" if self.act_order else ""
+        order = (", act_order" if self.act_order else "") + (", mins" if self.mins is not None
+                                                             else "")
         return (f"QuantizedWeight({self.name or '?'}: [{self.out_features}, {self.in_features}],"
                 f" {self.kind} {self.bits}-bit, group_size={self.group_size}, sym={self.sym}"
                 f"{order})")
+
+
+def _same_mins(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def _as_tensor(value: object, dtype: torch.dtype, what: str, name: str) -> torch.Tensor:

@@ -37,7 +37,7 @@ def _weight(fmt: str, out: int, inp: int, bits: int, g: int, sym: bool):
         else torch.float16
     if Kind.TERNARY in get_format(fmt).constraints.kinds:
         return quantize_ternary(w, "row", scale_dtype=scale_dtype)
-    return quantize_rtn(w, bits, g, sym, scale_dtype=scale_dtype)
+    return quantize_rtn(w, bits, g, sym, scale_dtype=scale_dtype, fmt=fmt)
 
 
 @pytest.mark.parametrize("fmt,bits,g,sym", list(_cases()))

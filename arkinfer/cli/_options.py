@@ -30,9 +30,12 @@ BackendOpt = Annotated[str | None, typer.Option("--backend", "-b", help="Backend
                                                 "takes --quant).")]
 CalibOpt = Annotated[Path | None, typer.Option(
     "--calib", help="Calibration text: a .txt file, a .jsonl file ('text' or chat 'messages', "
-    "rendered through the chat template), a folder (one domain per file), or 'prose' (the demo's "
-    "English corpus alone). Default: the built-in corpus (prose, chat, code, technical, legal, "
-    "math, Chinese; arkinfer/data/calib/).")]
+    "rendered through the chat template), a folder (one domain per file), 'prose' (the demo's "
+    "English corpus alone) or 'self' (text the model samples itself at temperature 1 from chat, "
+    "code, math and BOS seeds, cached per model and --seed in ~/.cache/arkinfer/calib-self; "
+    "slow on CPU: e.g. --calib self --samples 32 --seq-len 512). Default: the built-in corpus "
+    "(prose, chat, code, technical, legal, math, Chinese, Spanish/German/Italian; "
+    "arkinfer/data/calib/).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output of the same "
                                         "kind (never a folder ArkInfer did not write).")]
 

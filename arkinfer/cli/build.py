@@ -112,7 +112,7 @@ def command(
 ) -> None:
     from arkinfer.pipeline.build import build
     from arkinfer.pipeline.plan import CalibSettings, resolve_plan
-    from arkinfer.pipeline.verify import parse_threshold_overrides
+    from arkinfer.pipeline.verify import describe_quality, parse_threshold_overrides
 
     overrides = parse_threshold_overrides(threshold)
     # KEY=VALUE strings: the plan checks them against the keys the chosen backend declares
@@ -142,6 +142,11 @@ def command(
                       if v.get("attention") == "dense" else ""))),
         *([("runtime fidelity", _fidelity(m["verification"]["fidelity"]))]
           if "fidelity" in m["verification"] else []),
+        # verify's KL is quantisation + runtime error; this is the quantisation alone (absent
+        # for the reference backend, whose runtime is the quantised reference: the same number)
+        *([("quantisation alone", "KL vs float on the verify prompts "
+            + describe_quality(m["verification"]["fidelity"]["quantisation"]))]
+          if "quantisation" in m["verification"].get("fidelity", {}) else []),
         ("notes", "; ".join(m["backend"]["notes"]) or "-"),
     ])
     console.print(terminal_safe(f"next: arkinfer bench {result.path}"))

@@ -25,8 +25,8 @@ HELP = ("Quantise a float checkpoint (RTN, GPTQ, P-GPTQ, AWQ or ternary) into a 
         "(gptq, marlin, awq, or any registered format). Calibration streams one decoder block at "
         "a time from the memory-mapped checkpoint, so peak memory is one block plus the "
         "calibration activations; per-block results are kept in a work folder and --resume "
-        "continues an interrupted run with an identical result. Default calibration text: "
-        "arkinfer/data/corpus_train.txt. A layer the format cannot take stays in float and is "
+        "continues an interrupted run with an identical result. Default calibration text: the "
+        "built-in multi-domain corpus (arkinfer/data/calib/). A layer the format cannot take stays in float and is "
         "listed in the summary (--strict makes that an error).")
 EXAMPLES = [
     "arkinfer quantize ./smollm2-hf --method gptq --bits 4 --group-size 64 -o ./smollm2-gptq",
@@ -36,6 +36,11 @@ EXAMPLES = [
     "arkinfer quantize ./model --method pgptq --act-order --format gptq -o ./model-pgptq --strict",
     ("arkinfer quantize ./smollm2-hf --preset gptq-q4_0 --act-order --static-groups "
      "-o ./smollm2-q4_0"),
+    ("arkinfer quantize ./smollm2-hf --method gptq --samples 128 -o ./smollm2-gptq "
+     "--save-imatrix smollm2.imatrix.gguf"),
+    "arkinfer quantize ./smollm2-hf --preset q4_0 --imatrix smollm2.imatrix.gguf -o ./smollm2-q4",
+    ("arkinfer quantize ./smollm2-hf --preset gptq-mix --act-order --static-groups "
+     "-o ./smollm2-mix"),
 ]
 
 
@@ -58,7 +63,7 @@ _DEFAULT_FORMAT = {"awq": "awq", "ternary": "gguf-tq2_0"}
 
 def build_recipe(method: str | None, bits: int | None, group_size: int | None,
                  sym: bool | None, act_order: bool, fmt: str | None, preset: str | None,
-                 quantize_lm_head: bool, grid: str | None = None):
+                 quantize_lm_head: bool, grid: str | None = None, budget: float | None = None):
     """A QuantRecipe from a preset and/or explicit options (explicit options win)."""
     from dataclasses import replace
 
@@ -85,6 +90,8 @@ def build_recipe(method: str | None, bits: int | None, group_size: int | None,
         recipe = replace(recipe, skip=tuple(p for p in recipe.skip if p != "lm_head"))
     if grid is not None:
         recipe = replace(recipe, grid=grid)
+    if budget is not None:  # the output layer counts in the budget: quantised with the rest
+        recipe = replace(recipe, budget=budget, skip=())
     return recipe
 
 
@@ -95,7 +102,8 @@ def command(
                                       show_default=False)] = ...,
     method: Annotated[Method | None, typer.Option("--method", help="Calibration algorithm "
                                                   "(default gptq, or the preset's).")] = None,
-    bits: Annotated[int | None, typer.Option("--bits", help="2, 3, 4 or 8.")] = None,
+    bits: Annotated[int | None, typer.Option("--bits", help="2, 3, 4, 5, 6 or 8 (as the format "
+                                             "allows).")] = None,
     group_size: Annotated[int | None, typer.Option(
         "--group-size", help="Input columns per scale; -1 = whole row.")] = None,
     sym: Annotated[bool | None, typer.Option("--sym/--asym", help="Symmetric or asymmetric "
@@ -110,9 +118,17 @@ def command(
         "--act-order no g_idx is needed, so formats without one (gguf-q4_0, awq, mlx) take "
         "act-order.")] = False,
     fmt: Annotated[str | None, typer.Option("--format", help="Storage format: gptq, marlin, awq, "
-                                            "gguf-q4_0, gguf-tq2_0, mlx, ort, ...")] = None,
+                                            "gguf-q4_0, gguf-q5_0, gguf-q4_k, gguf-q6_k, "
+                                            "gguf-tq2_0, mlx, ort, ...")] = None,
     preset: Annotated[str | None, typer.Option("--preset", help="Named recipe: marlin, gptq, "
-                                               "awq, q4_0, ternary, ...")] = None,
+                                               "awq, q4_0, gptq-q4_0, gptq-mix, ternary, ...")
+                      ] = None,
+    budget: Annotated[float | None, typer.Option(
+        "--budget", help="Mixed precision: mean stored bits per weight over the linears and the "
+        "output layer (4.0-8.5). Each tensor's sensitivity is measured on the calibration text "
+        "(Fisher information of the model's own predictions) and the GGUF types Q4_0, Q4_K, "
+        "Q5_0, Q5_K, Q6_K and Q8_0 are allotted to fit (docs/quant.md §12). The gptq-mix preset "
+        "uses 4.9; e.g. --preset gptq-mix --budget 5.2 --act-order --static-groups.")] = None,
     calib: CalibOpt = None,
     samples: Annotated[int, typer.Option("--samples", help="Calibration sequences.")] = 128,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 512,
@@ -130,6 +146,26 @@ def command(
                                          "layer.")] = False,
     work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Per-block results "
                                                   "(default OUT.work).")] = None,
+    save_imatrix: Annotated[Path | None, typer.Option(
+        "--save-imatrix", help="Also write llama.cpp's importance matrix (per-column mean square "
+        "of every linear's input, from one float forward over the calibration text) to this "
+        "file: GGUF, or the legacy layout for a name ending in .dat. llama-quantize --imatrix "
+        "and --imatrix here read it. An existing file needs --force. RTN / ternary still "
+        "quantise from the weights alone. E.g. --save-imatrix smollm2.imatrix.gguf",
+        show_default=False)] = None,
+    imatrix: Annotated[Path | None, typer.Option(
+        "--imatrix", help="RTN (--method rtn or an rtn preset, mse grid): weigh each group's "
+        "scale search by this importance matrix (GGUF or .dat from llama-imatrix or "
+        "--save-imatrix), as llama-quantize does. Linears it lacks are listed and quantised "
+        "without importance. E.g. --preset q4_0 --imatrix imatrix.gguf",
+        show_default=False)] = None,
+    no_kl: Annotated[bool, typer.Option(
+        "--no-kl", help="Skip measuring the quantised model against the float model (mean KL, "
+        "top-1 agreement, perplexity change on the build gate's verify prompts, printed beside "
+        "the SNR and written to quant_summary.json as `quality`). It loads the float model and "
+        "the dequantised result one after the other in float32 and runs both over ~600 tokens: "
+        "seconds for SmolLM2-135M, minutes and 32 GB of memory for an 8B model. E.g. "
+        "arkinfer quantize ./MiniCPM4.1-8B --preset marlin -o ./minicpm-marlin --no-kl")] = False,
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -144,7 +180,7 @@ def command(
     # act-order over static groups leaves g_idx static: the recipe (format check) has no desc_act
     recipe = build_recipe(method.value if method else None, bits, group_size, sym,
                           act_order and not static_groups, fmt, preset, quantize_lm_head,
-                          grid.value if grid else None)
+                          grid.value if grid else None, budget)
     ckpt = open_checkpoint(model)
     check_quantised_output(out, ckpt.path, force=force)  # before hours of calibration
     if group_size is None:  # the preset's group, fitted to the model as `build` fits it
@@ -154,18 +190,21 @@ def command(
     options: dict = {"damp": damp} if damp is not None else {}
     if static_groups:
         options.update(static_groups=True, act_order=act_order)
+    if imatrix is not None:  # checked against the model before any work
+        options["imatrix"] = _use_imatrix(imatrix, recipe, ckpt)
+    if save_imatrix is not None:
+        from arkinfer.quant.imatrix import check_imatrix_path
+
+        check_imatrix_path(save_imatrix, force)
     work = work_dir or out.with_name(out.name + ".work")
     # the settings are checked even when a weight-only recipe does not use them: a bad value is
     # an error, never silently ignored
     check_calibration_size(samples, seq_len, ckpt.config.max_position_embeddings,
                            ckpt.config.hidden_size)
-    if is_weight_only(recipe) and not report:  # RTN / ternary: from the weights alone
-        what = f"quantising {ckpt.path.name}: {recipe.describe()}, no calibration"
-
-        def run_it(progress=None):
-            return quantize_weight_only(ckpt, recipe, work, options=options, strict=strict,
-                                        progress=progress)
-    else:
+    # RTN / ternary need no calibration tokens; --save-imatrix needs them for its forward
+    weight_only = is_weight_only(recipe) and not report
+    data = None
+    if not weight_only or save_imatrix is not None:
         if ckpt.tokenizer is None:
             raise ArkError(f"{ckpt.path} has no tokenizer.json; calibration text must be "
                            "tokenised", hint="add the model's tokenizer.json to the folder")
@@ -174,7 +213,16 @@ def command(
         data = load_calibration(ckpt.tokenizer, calib, samples, seq_len, seed,
                                 eos if isinstance(eos, int) else None,
                                 max_positions=ckpt.config.max_position_embeddings,
-                                hidden_size=ckpt.config.hidden_size)
+                                hidden_size=ckpt.config.hidden_size, checkpoint=ckpt,
+                                progress=lambda s: err_console.print(terminal_safe(s),
+                                                                     markup=False))
+    if weight_only:  # RTN / ternary: from the weights alone
+        what = f"quantising {ckpt.path.name}: {recipe.describe()}, no calibration"
+
+        def run_it(progress=None):
+            return quantize_weight_only(ckpt, recipe, work, options=options, strict=strict,
+                                        progress=progress)
+    else:
         what = (f"quantising {ckpt.path.name}: {recipe.describe()}, calibration "
                 f"{data.samples} x {data.seq_len} tokens ({data.settings['source']})")
 
@@ -196,13 +244,86 @@ def command(
                 run = run_it(progress)
         folder = export_folder(run, out, force=force)
     except BaseException:
-        _after_failure(work, resumable=not (is_weight_only(recipe) and not report))
+        _after_failure(work, resumable=not weight_only)
         raise
+    saved = _save_imatrix(save_imatrix, ckpt, data, force, json_out) if save_imatrix else {}
     summary = json.loads((folder / "quant_summary.json").read_text())
+    if not no_kl:
+        summary = _measure_quality(ckpt.path, folder, quiet=json_out)
     if json_out:
-        print_json({"path": str(folder), **summary})
+        print_json({"path": str(folder), **summary, **saved})
         return
     _print_summary(folder, summary)
+    if saved:
+        console.print(terminal_safe(f"imatrix: {saved['imatrix']['path']} "
+                                    f"({saved['imatrix']['linears']} linears, "
+                                    f"{saved['imatrix']['tokens']} tokens)"), markup=False)
+
+
+def _use_imatrix(path: Path, recipe, ckpt) -> str:
+    """Check `--imatrix` against the recipe and the model's linears (lengths, MoE, a file made
+    for another model: errors; linears it lacks: a note) -> the path for RTNConfig.imatrix."""
+    from arkinfer.quant.calib.block import LINEARS
+    from arkinfer.quant.imatrix import ImatrixError, read_imatrix
+
+    if recipe.calib != "rtn":
+        raise ImatrixError(f"--imatrix applies to RTN; the recipe calibrates with {recipe.calib}",
+                           "use --method rtn or an rtn preset (q4_0, ...); GPTQ and AWQ weigh "
+                           "their grids by their own activation statistics")
+    if recipe.grid != "mse":
+        raise ImatrixError(f"--imatrix needs the mse grid; the recipe uses {recipe.grid}",
+                           "drop --grid or pass --grid mse")
+    names = [f"model.layers.{i}.{n}" for i in range(ckpt.config.num_hidden_layers)
+             for n in LINEARS] + ["lm_head"]
+    linears = {n: ckpt.weights.shape(_weight_of(n, ckpt))[1] for n in names
+               if not recipe.skips(n)}
+    match = read_imatrix(path).match(linears)
+    if match.missing:
+        err_console.print(terminal_safe(f"note: {match.describe()}"), markup=False)
+    return str(path.resolve())
+
+
+def _weight_of(linear: str, ckpt) -> str:
+    if linear == "lm_head" and ckpt.config.tie_word_embeddings:
+        return "model.embed_tokens.weight"
+    return linear + ".weight"
+
+
+def _save_imatrix(path: Path, ckpt, data, force: bool, quiet: bool) -> dict:
+    """Collect the float model's imatrix on the calibration data and write it to `path`."""
+    from arkinfer.quant.calib.imatrix_collect import collect_imatrix
+    from arkinfer.quant.imatrix import write_imatrix
+
+    if quiet:
+        im = collect_imatrix(ckpt, data)
+    else:
+        with progress_bar("imatrix", "info") as bar:
+            task = bar.add_task("imatrix", total=ckpt.config.num_hidden_layers, info="")
+
+            def progress(layer: int, n_layers: int, seconds: float) -> None:
+                bar.update(task, completed=layer + 1, total=n_layers,
+                           info=f"block {layer} took {seconds:.1f} s")
+
+            im = collect_imatrix(ckpt, data, progress=progress)
+    written = write_imatrix(path, im, force=force)
+    tokens = int(max(float(e.counts.sum()) for e in im.entries.values()))
+    return {"imatrix": {"path": str(written), "linears": len(im.entries), "tokens": tokens}}
+
+
+def _measure_quality(source: Path, folder: Path, *, quiet: bool) -> dict:
+    """KL etc. of `folder` against the float `source` on the verify prompts, recorded in its
+    quant_summary.json (see `arkinfer.pipeline.verify.quantisation_quality`); the summary."""
+    from arkinfer.pipeline.verify import quantisation_quality
+    from arkinfer.quant.export import record_quality
+
+    if quiet:
+        return record_quality(folder, quantisation_quality(source, folder))
+    from rich.text import Text
+
+    with err_console.status(Text("")) as status:
+        quality = quantisation_quality(source, folder, lambda message: status.update(
+            Text(terminal_safe(f"KL vs the float model: {message}"))))
+    return record_quality(folder, quality)
 
 
 def _after_failure(work: Path, *, resumable: bool) -> None:
@@ -230,6 +351,8 @@ def _fmt(v) -> str:
 
 
 def _print_summary(folder: Path, s: dict) -> None:
+    from arkinfer.pipeline.verify import describe_quality
+
     rows = []
     for b in s["blocks"]:
         lin = [r for r in b["linears"] if r["status"] == "quantised" and r["snr_db"] is not None]
@@ -252,13 +375,15 @@ def _print_summary(folder: Path, s: dict) -> None:
                   "--report measures SNR on a calibration sample")
     snr_text = f"{_fmt(s['mean_linear_snr_db'])} / {_fmt(s['mean_block_snr_db'])} dB"
     times = (f"{s['timings']['calibration_seconds']:.1f} s calibration, "
-             f"{s['timings']['export_seconds']:.1f} s export")
+             f"{s['timings']['export_seconds']:.1f} s export"
+             + (f", {s['quality']['seconds']:.1f} s KL" if s.get("quality") else ""))
     print_kv(f"quantised {Path(s['source']).name}", [
         ("recipe", s["recipe"]),
         ("calibration", calib_text),
         ("linears", f"{s['quantised_linears']} quantised, {len(s['float_linears'])} kept in float"),
         ("bits per weight", s["bits_per_weight"]),
         ("mean linear / block SNR", snr_text),
+        ("mean KL vs float on the verify prompts", describe_quality(s.get("quality"))),
         ("lm_head", "quantised" if s["lm_head"] and s["lm_head"].get("status") == "quantised"
          else "float"),
         ("time", times),

@@ -17,7 +17,7 @@ import torch
 from arkinfer.ir.errors import IRError, IRVerifyError
 from arkinfer.ir.types import TensorType
 
-QUANT_BITS = (2, 3, 4, 8)
+QUANT_BITS = (2, 3, 4, 5, 6, 8)
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,8 @@ def recipe_of(manifest: dict[str, Any]):
     fields = manifest["quant"]["recipe"]
     if fields is None:
         return None
-    return QuantRecipe(**{**fields, "skip": tuple(fields.get("skip", ()))})
+    return QuantRecipe(**{**fields, "skip": tuple(fields.get("skip", ())),
+                          "layers": tuple(tuple(pair) for pair in fields.get("layers", ()))})
 
 
 def write_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:

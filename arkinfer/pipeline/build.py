@@ -34,7 +34,7 @@ from arkinfer.output_folder import (make_staging, remove_leftovers, remove_work_
 
 from . import manifest as mf
 from .plan import BuildPlan, check_artifact_output
-from .verify import VerifyError, backend_fidelity, verify_runner
+from .verify import VerifyError, backend_fidelity, float_reference, verify_runner
 
 STAGES = ("load", "trace", "quantise", "lower", "verify", "write")
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx", ".data", ".bin", ".npz")
@@ -162,9 +162,17 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
     timed("verify")
     partial = {"backend": {"name": plan.backend}, "quant": {"scheme": plan.quant}}
     runner = backend.load(staging, partial)
+    reference = float_reference(plan.source, runner, rep.step)  # recorded once, used twice
     verification = verify_runner(runner, plan.source, plan.recipe, plan.dtype,
-                                 threshold_overrides, rep.step)
-    fidelity = backend_fidelity(backend, staging, runner, rep.step)
+                                 threshold_overrides, rep.step, reference)
+    # The quantised weights alone against the float model (`fidelity.quantisation`), measured
+    # only where it is another number than verify's: a backend with reference weights runs
+    # them in its own runtime (llama.cpp, onnxruntime, ...), so verify's KL is quantisation plus
+    # runtime error; the reference backend's runtime *is* the reference model over the
+    # quantised folder, so the quantise stage's KL would be verify's KL again.
+    fidelity = backend_fidelity(backend, staging, runner, rep.step,
+                                reference=reference if plan.recipe is not None else None)
+    del reference
     if fidelity is not None:
         verification["fidelity"] = fidelity
         if not fidelity["passed"]:
@@ -239,9 +247,18 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
         data = load_calibration(ckpt.tokenizer, c.path, c.samples, c.seq_len, c.seed,
                                 eos if isinstance(eos, int) else None,
                                 max_positions=ckpt.config.max_position_embeddings,
-                                hidden_size=ckpt.config.hidden_size)
+                                hidden_size=ckpt.config.hidden_size, checkpoint=ckpt,
+                                progress=rep.step)  # --calib self: the model writes its text
         rep.step(f"calibration {data.samples} x {data.seq_len} tokens")
-        run = calibrate(ckpt, plan.recipe, data, work / "calib", progress=rep.blocks)
+        # A format without g_idx (GGUF blocks, Marlin): GPTQ runs act-order over static groups,
+        # the recipe measured best on held-out text (BENCHMARKS.md, "Quantisation quality")
+        from arkinfer.quant.formats import get_format
+
+        no_g_idx = plan.recipe.calib in ("gptq", "pgptq") and not get_format(
+            plan.recipe.format).constraints.act_order
+        options = {"act_order": True, "static_groups": True} if no_g_idx else None
+        run = calibrate(ckpt, plan.recipe, data, work / "calib", options=options,
+                        progress=rep.blocks)
     else:  # RTN / ternary: tensor by tensor from the weights, no activations
         run = quantize_weight_only(ckpt, plan.recipe, work / "calib", progress=rep.blocks)
     folder = export_folder(run, work / "quantised")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from arkinfer.quant.formats import get_format
 from arkinfer.quant.formats.gguf_blocks import GGMLType
-from arkinfer.quant.load import format_of
+from arkinfer.quant.load import format_of, layer_format
 
 from arkinfer import models
 from arkinfer.errors import ArkError
@@ -84,6 +84,19 @@ def packed_format(ckpt: Checkpoint) -> tuple[str | None, GGMLType | None]:
                        hint="quantise with a GGUF block format: --format gguf-q4_0, gguf-q4_1, "
                        "gguf-q8_0, gguf-tq1_0 or gguf-tq2_0 (or build from the float checkpoint)")
     return name, GGMLType(int(qtype))
+
+
+def layer_ggml_type(ckpt: Checkpoint, owner: str, default: GGMLType) -> GGMLType:
+    """The ggml type of packed linear `owner`: its entry in the folder's per-layer table
+    (`quantization_config.layers`, mixed precision) or the folder's own type."""
+    own = layer_format(ckpt.raw_config.get("quantization_config") or {}, owner)
+    if own is None:
+        return default
+    qtype = getattr(get_format(own[0]), "ggml_type", None)
+    if qtype is None:
+        raise ArkError(f"{ckpt.path}: layer {owner} is stored in the {own[0]!r} format, which "
+                       "GGUF cannot hold", hint="quantise it with a GGUF block format")
+    return GGMLType(int(qtype))
 
 
 def _expected(ckpt: Checkpoint) -> dict[str, tuple[int, ...]]:
@@ -160,8 +173,9 @@ def plan_model(ckpt: Checkpoint, spec: ArchSpec, recipe: Any, dtype: str,
                 raise ArkError(f"'{hf_name}' is stored as bytes but {ckpt.path}/config.json has "
                                "no quantization_config", hint="the folder is damaged; re-export it")
             kind = "source" if from_source else "packed"
-            plan.tensors.append(TensorPlan(hf_name, name, shape, packed_type, kind, heads))
-            plan.layers[owner] = packed_type.name
+            qtype = layer_ggml_type(ckpt, owner, packed_type)
+            plan.tensors.append(TensorPlan(hf_name, name, shape, qtype, kind, heads))
+            plan.layers[owner] = qtype.name
             continue
         is_embed = name in ("token_embd.weight", "output.weight")
         if is_embed:

@@ -14,7 +14,8 @@ Type rules (see README.md):
   ggml's own reference quantiser; linears the recipe skips stay in the float dtype; linears the
   quantiser left in float are quantised to the recipe's type by ggml's reference quantiser.
 - a type whose block does not divide the row falls back along `FALLBACK` (llama.cpp's own
-  choices in llama-quantize: TQ -> Q4_0 -> F16); every fallback is reported.
+  choices in llama-quantize: TQ -> Q4_0 -> F16, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,
+  Q5_0 / Q5_1 -> F16); every fallback is reported.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ HF_GLOBAL = {hf: g for g, hf in GLOBAL_NAMES.items()}
 HF_LAYER = {hf: g for g, hf in LAYER_NAMES.items()}
 FLOAT_TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16}
 FALLBACK = {GGMLType.TQ1_0: GGMLType.Q4_0, GGMLType.TQ2_0: GGMLType.Q4_0,
-            GGMLType.Q4_0: GGMLType.F16, GGMLType.Q4_1: GGMLType.F16, GGMLType.Q8_0: GGMLType.F16}
+            GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0,
+            GGMLType.Q4_0: GGMLType.F16, GGMLType.Q4_1: GGMLType.F16, GGMLType.Q5_0: GGMLType.F16,
+            GGMLType.Q5_1: GGMLType.F16, GGMLType.Q8_0: GGMLType.F16}
 EMBED_TYPE = GGMLType.Q8_0
 _F16_MAX = 65504.0
 

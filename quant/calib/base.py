@@ -17,7 +17,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..formats import Format, FormatError
+from ..formats import Format, FormatError, get_format
+from ..recipe import QuantRecipe
 from ..weight import QuantizedWeight
 from .block import BlockRunner
 
@@ -58,6 +59,27 @@ class BlockResult:
 
 
 @dataclass(frozen=True)
+class LayerQuant:
+    """One linear's storage override: its format and the bits / group size / symmetry to
+    quantise it with (from `QuantRecipe.for_layer`)."""
+
+    fmt: Format
+    bits: int
+    group_size: int
+    sym: bool
+
+
+def context_for(recipe: QuantRecipe, skip: frozenset[str] = frozenset(),
+                strict: bool = False) -> CalibContext:
+    """The context calibrating with `recipe` runs in: its format, skipped linears, per-layer
+    overrides, and fp16 scales when the format stores them."""
+    fmt = get_format(recipe.format)
+    return CalibContext(fmt, skip, strict,
+                        torch.float16 if fmt.constraints.scale_dtype == "float16" else None,
+                        recipe)
+
+
+@dataclass(frozen=True)
 class CalibContext:
     """fmt: the storage format (checked per linear); skip: full linear names kept in float;
     strict: a refused linear raises instead of staying float; scale_dtype: dtype scales are
@@ -67,11 +89,26 @@ class CalibContext:
     skip: frozenset[str] = frozenset()
     strict: bool = False
     scale_dtype: torch.dtype | None = torch.float16
+    recipe: QuantRecipe | None = None
+
+    def layer(self, name: str) -> LayerQuant | None:
+        """How linear `name` (full name, or `lm_head`) is stored when the recipe's per-layer
+        overrides (`QuantRecipe.layers`) name it; None: the handler's own settings."""
+        if self.recipe is None or not self.recipe.layers:
+            return None
+        sub = self.recipe.for_layer(name)
+        if sub is self.recipe:
+            return None
+        return LayerQuant(get_format(sub.format), sub.bits, sub.group_size, sub.sym)
+
+    def format_for(self, name: str) -> Format:
+        layer = self.layer(name)
+        return self.fmt if layer is None else layer.fmt
 
     def refusal(self, qw: QuantizedWeight, name: str) -> str | None:
         """None when the format stores `qw`; else why not (with `strict`: StrictError)."""
         try:
-            self.fmt.check(qw, name)
+            self.format_for(name).check(qw, name)
         except FormatError as exc:
             if self.strict:
                 raise StrictError(exc.message, exc.hint) from None
@@ -196,6 +233,8 @@ class BlockCalibrator:
         runner.set_weight(name, w_hat)
         trim_heap()
         result.quantized[full] = qw
-        result.reports.append(LinearReport(full, "quantised", self.describe(), snr,
-                                           extra=extra or {}))
+        layer = ctx.layer(full)
+        recipe = self.describe() if layer is None else \
+            f"{self.name} {layer.bits}-bit -> {layer.fmt.name} (layer override)"
+        result.reports.append(LinearReport(full, "quantised", recipe, snr, extra=extra or {}))
         return True

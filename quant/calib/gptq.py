@@ -17,6 +17,13 @@ Group parameters (scale, zero) come from `rtn.find_params` so codes and scales f
 - static groups (`static_groups=True`, and always for `group_size=-1`): parameters of the groups
   `k // group_size` are computed up front from the original weights; `g_idx = k // group_size`.
 
+With a storage format `fmt` whose parameters are quantised (GGUF K-quants: sub-scales per
+256-weight super-block, rtn.group_params), the parameters are snapped to the format before any
+code is chosen: with static groups all at once; otherwise per super-block when its first column
+is reached (from the error-compensated weights, as a group's parameters otherwise), so GPTQ's
+codes and error feedback use exactly the values the format stores. Float-min formats (Q4_K /
+Q5_K) round `clamp(round((w + min) / scale))` and feed back `w - (scale*q - min)`.
+
 The block size is adjusted so a group never straddles a block boundary except at a block start
 (then the group's parameters read fully updated weights), which keeps the blocked algorithm equal,
 up to float rounding, to the plain column-by-column one.
@@ -24,15 +31,16 @@ up to float rounding, to the plain column-by-column one.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..rtn import Grid, find_params, quantize_rtn
+from ..rtn import Grid, find_params, group_params, quantize_rtn, resolve_format
 from ..weight import UNIFORM_BITS, QuantError, QuantizedWeight
-from .base import BlockCalibrator, BlockResult, CalibContext
+from .base import BlockCalibrator, BlockResult, CalibContext, LayerQuant
 from .block import SEQUENTIAL_GROUPS, BlockRunner
 from .hessian import prefix_split
 from .sequential import SequentialForward, supports
@@ -94,11 +102,13 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
                   static_groups: bool = False, damp: float = 0.01,
                   block_size: int = DEFAULT_BLOCK, scale_dtype: torch.dtype | None = None,
                   dtype: torch.dtype = torch.float32, grid: Grid = "minmax",
-                  name: str = "") -> GPTQResult:
+                  name: str = "", fmt=None) -> GPTQResult:
     """GPTQ of `w` [out, in] with Hessian [in, in] -> canonical weight (codes in the original
     column order). `dtype` is the working precision of the error updates (float32 as the
     reference; float64 for tests). `grid`: how each group's scale is chosen (rtn.find_params;
-    `mse` weighs each column's error by the Hessian's diagonal, its input's mean square)."""
+    `mse` weighs each column's error by the Hessian's diagonal, its input's mean square).
+    `fmt`: storage format (or name) whose parameter snapping applies (module docstring), e.g.
+    "gguf-q6_k"; None = none."""
     if bits not in UNIFORM_BITS:
         raise QuantError(f"bits={bits} for {name or 'a layer'!r} is not supported by GPTQ; "
                          f"allowed {UNIFORM_BITS}", "pick one of the allowed bit widths")
@@ -116,6 +126,18 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
                          f"{name or 'the weight'!r}", f"use -1 or one of {ok or 'its divisors'}")
     size = cols if group_size == -1 else group_size
     n_groups = cols // size
+    fmt = resolve_format(fmt)
+    span = size  # columns whose parameters are computed together
+    if fmt is not None and fmt.constraints.super_block and group_size != -1:
+        span = math.lcm(size, fmt.constraints.super_block)
+        if cols % span:
+            raise QuantError(f"in_features={cols} of {name or 'the weight'!r} is not a multiple "
+                             f"of {fmt.name}'s {span}-column super-block",
+                             "keep this layer in float or pick a 32-block GGUF type (Q5_0, Q8_0)")
+        if act_order and not static_groups:
+            raise QuantError(f"{fmt.name} for {name or 'a layer'!r} needs static groups with "
+                             "act-order (its parameters are snapped per super-block)",
+                             "pass static_groups=True or act_order=False")
     W = w.detach().to(dtype).clone()
     dead = torch.diag(hessian) == 0
     W[:, dead] = 0
@@ -124,8 +146,14 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
     diag_h[dead] = 1
     scales = torch.zeros(out, n_groups, dtype=torch.float32)
     zeros = torch.zeros(out, n_groups, dtype=torch.float32)
+    mins = torch.zeros(out, n_groups) if fmt is not None and fmt.constraints.float_mins else None
     static = group_size == -1 or static_groups
-    if static:
+    if static and fmt is not None:
+        scales, zeros, m = group_params(W, bits, size, sym, scale_dtype=scale_dtype, grid=grid,
+                                        importance=diag_h, fmt=fmt)
+        if mins is not None:
+            mins = m
+    elif static:
         for g in range(n_groups):
             cols_g = slice(g * size, (g + 1) * size)
             s, z = find_params(W[:, cols_g], bits, sym, scale_dtype, grid, diag_h[cols_g])
@@ -145,12 +173,13 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
     codes = torch.zeros(out, cols, dtype=torch.uint8)  # permuted column order
     diag_p = diag_h if perm is None else diag_h[perm]  # importance in the permuted order
     perm_list = perm.tolist() if perm is not None else None
-    block = block_size_for(group_size, block_size)
+    block = block_size_for(span if group_size != -1 else group_size, block_size)
+    params = _Params(scales, zeros, mins, size, span, fmt)
     loss = torch.zeros((), dtype=torch.float64)
     with single_thread():  # the column loop is ~10 tiny ops per column: threads only add waits
         for i1 in range(0, cols, block):
             i2 = min(i1 + block, cols)
-            q1, err_block = _solve_block(W, U, i1, i2, scales, zeros, size, static, perm_list,
+            q1, err_block = _solve_block(W, U, i1, i2, params, static, perm_list,
                                          bits, sym, scale_dtype, dtype, grid, diag_p)
             codes[:, i1:i2] = q1.T
             loss += (err_block.double() ** 2).sum() / 2
@@ -163,7 +192,7 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
         if not static:
             g_idx = (inv // size).to(torch.int32)  # column k sits at permuted position inv[k]
     qw = QuantizedWeight(codes=codes, scales=scales, zeros=zeros.to(torch.int32), bits=bits,
-                         group_size=group_size, sym=sym, g_idx=g_idx, name=name)
+                         group_size=group_size, sym=sym, g_idx=g_idx, name=name, mins=mins)
     return GPTQResult(qw, damp_used, int(dead.sum()), float(loss))
 
 
@@ -178,34 +207,75 @@ def single_thread():
         torch.set_num_threads(before)
 
 
-def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, scales: Tensor, zeros: Tensor,
-                 size: int, static: bool, perm_list: list[int] | None, bits: int, sym: bool,
+@dataclass
+class _Params:
+    """The group parameters GPTQ fills and reads: scales / zeros (/ mins, float-min formats)
+    [out, n_groups]; groups of `size` columns, computed `span` columns at a time (the format's
+    super-block when `fmt` snaps them, else one group)."""
+
+    scales: Tensor
+    zeros: Tensor
+    mins: Tensor | None
+    size: int
+    span: int
+    fmt: object = None
+
+    def fill(self, src: Tensor, c: int, bits: int, sym: bool, scale_dtype: torch.dtype | None,
+             grid: Grid, importance: Tensor) -> None:
+        """Parameters of the groups of columns c .. c + span from `src` [out, span]."""
+        g0, n = c // self.size, src.shape[1] // self.size
+        if self.fmt is None:
+            s2, z2 = find_params(src, bits, sym, scale_dtype, grid, importance)
+            self.scales[:, g0], self.zeros[:, g0] = s2[:, 0], z2[:, 0]
+            return
+        s, z, m = group_params(src, bits, self.size, sym, scale_dtype=scale_dtype, grid=grid,
+                               importance=importance, fmt=self.fmt)
+        self.scales[:, g0:g0 + n], self.zeros[:, g0:g0 + n] = s, z
+        if self.mins is not None:
+            self.mins[:, g0:g0 + n] = m
+
+
+def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, params: _Params, static: bool,
+                 perm_list: list[int] | None, bits: int, sym: bool,
                  scale_dtype: torch.dtype | None, dtype: torch.dtype, grid: Grid,
                  importance: Tensor) -> tuple[Tensor, Tensor]:
     """GPTQ's column loop over the (permuted) columns i1..i2 of `W` [out, cols]: codes uint8 and
     scaled errors `(w - q) / U[i,i]`, both [i2 - i1, out] (one row per column). The block is
-    worked on transposed, so every column is a contiguous row; fills `scales` / `zeros` [out, n_groups]
-    for groups that start inside the block (unless `static`)."""
+    worked on transposed, so every column is a contiguous row; fills `params` for the spans
+    that start inside the block (unless `static`)."""
     maxq = (1 << bits) - 1
     W1 = W[:, i1:i2].T.contiguous()  # [b, out]
     U1 = U[i1:i2, i1:i2]
     codes = torch.empty(i2 - i1, W.shape[0], dtype=torch.uint8)
     errors = torch.empty_like(W1)
-    s = z = None
+    s = z = m = None
+    size, span, snapped = params.size, params.span, params.fmt is not None
     for i in range(i2 - i1):
         c = i1 + i
-        if static:
-            g = (perm_list[c] if perm_list is not None else c) // size
-            s, z = scales[:, g], zeros[:, g]
-        elif c % size == 0:
-            src = W[:, c:c + size] if i == 0 else W1[i:i + size].T
-            s2, z2 = find_params(src, bits, sym, scale_dtype, grid, importance[c:c + size])
-            s, z = s2[:, 0], z2[:, 0]
-            scales[:, c // size], zeros[:, c // size] = s, z
+        if not static and c % span == 0:
+            src = W[:, c:c + span] if i == 0 else W1[i:i + span].T
+            params.fill(src, c, bits, sym, scale_dtype, grid, importance[c:c + span])
+        if static or c % size == 0:
+            g = (perm_list[c] if perm_list is not None and static else c) // size
+            s, z = params.scales[:, g], params.zeros[:, g]
+            m = None if params.mins is None else params.mins[:, g]
+            if snapped:  # a sub-scale snapped to 0: code = zero point (mins: 0)
+                dead = s == 0
+                s_div = torch.where(dead, 1.0, s)
         col = W1[i]
-        q = torch.clamp(torch.round(col.float() / s) + z, 0, maxq)  # rtn.quantize_with
+        if m is not None:  # rtn.quantize_with_min: value = s*q - m
+            q = torch.clamp(torch.where(dead, 0.0, torch.round((col.float() + m) / s_div)),
+                            0, maxq)
+            deq = s * q - m
+        else:
+            if snapped:
+                q = torch.where(dead, z, torch.round(col.float() / s_div) + z)
+            else:
+                q = torch.round(col.float() / s) + z  # rtn.quantize_with
+            q = torch.clamp(q, 0, maxq)
+            deq = s * (q - z)
         codes[i] = q
-        err = (col - (s * (q - z)).to(dtype)) / U1[i, i]
+        err = (col - deq.to(dtype)) / U1[i, i]
         W1[i:] -= U1[i, i:, None] * err[None, :]
         errors[i] = err
     return codes, errors
@@ -250,12 +320,17 @@ class GPTQCalibrator(BlockCalibrator):
         how = f" cap {c.prefix_cap:g}" if c.prefix_cap else ""
         return text + f" prefix {c.prefix_skip}{how}"
 
-    def _quantize(self, w: Tensor, h: Tensor, name: str, ctx: CalibContext) -> GPTQResult:
+    def _quantize(self, w: Tensor, h: Tensor, name: str, ctx: CalibContext,
+                  layer: LayerQuant | None = None) -> GPTQResult:
+        """GPTQ of one (or one stacked) weight; `layer`: a per-layer storage override's bits,
+        group size and symmetry instead of the config's."""
         c = self.config
-        return gptq_quantize(w, h, bits=c.bits, group_size=c.group_size, sym=c.sym,
+        bits, group, sym = (c.bits, c.group_size, c.sym) if layer is None else \
+            (layer.bits, layer.group_size, layer.sym)
+        return gptq_quantize(w, h, bits=bits, group_size=group, sym=sym,
                              act_order=c.act_order, static_groups=c.static_groups, damp=c.damp,
                              block_size=c.block_size, scale_dtype=ctx.scale_dtype, grid=c.grid,
-                             name=name)
+                             name=name, fmt=ctx.fmt if layer is None else layer.fmt)
 
     def _quantize_sharing(self, runner: BlockRunner, names: list[str], h: Tensor,
                           ctx: CalibContext) -> list[tuple[str, GPTQResult]]:
@@ -264,11 +339,19 @@ class GPTQCalibrator(BlockCalibrator):
         inverse Cholesky come from H; group parameters and error updates are per row), so they
         run as ONE stacked [sum of outs, in] weight: one factorisation and one column loop
         instead of one per linear, then split back by rows."""
+        layers = [ctx.layer(runner.full(n)) for n in names]
+        if len(set(layers)) > 1:  # per-layer formats differ: one stack per storage
+            out = []
+            for layer in dict.fromkeys(layers):
+                out += self._quantize_sharing(
+                    runner, [n for n, lq in zip(names, layers) if lq == layer], h, ctx)
+            return sorted(out, key=lambda item: names.index(item[0]))
         weights = [runner.weight(n) for n in names]
         if len(names) == 1:
-            return [(names[0], self._quantize(weights[0], h, runner.full(names[0]), ctx))]
+            return [(names[0], self._quantize(weights[0], h, runner.full(names[0]), ctx,
+                                              layers[0]))]
         stacked = self._quantize(torch.cat(weights), h,
-                                 " + ".join(runner.full(n) for n in names), ctx)
+                                 " + ".join(runner.full(n) for n in names), ctx, layers[0])
         qw, out, r0 = stacked.weight, [], 0
         for name, w in zip(names, weights):
             r1 = r0 + w.shape[0]
@@ -277,7 +360,8 @@ class GPTQCalibrator(BlockCalibrator):
             part = QuantizedWeight(qw.codes[r0:r1].clone(), qw.scales[r0:r1].clone(),
                                    qw.zeros[r0:r1].clone(), qw.bits, qw.group_size, qw.sym,
                                    g_idx=None if qw.g_idx is None else qw.g_idx.clone(),
-                                   kind=qw.kind, name=runner.full(name))
+                                   kind=qw.kind, name=runner.full(name),
+                                   mins=None if qw.mins is None else qw.mins[r0:r1].clone())
             out.append((name, GPTQResult(part, stacked.damp, stacked.dead_columns,
                                          stacked.loss)))
             r0 = r1
@@ -315,8 +399,11 @@ class GPTQCalibrator(BlockCalibrator):
 
     def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
                       ctx: CalibContext) -> QuantizedWeight:
+        layer = ctx.layer(name)
         if h is None:
             c = self.config
-            return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=ctx.scale_dtype,
-                                grid=c.grid, name=name)
-        return self._quantize(w, h, name, ctx).weight
+            bits, group, sym = (c.bits, c.group_size, c.sym) if layer is None else \
+                (layer.bits, layer.group_size, layer.sym)
+            return quantize_rtn(w, bits, group, sym, scale_dtype=ctx.scale_dtype, grid=c.grid,
+                                name=name, fmt=ctx.format_for(name))
+        return self._quantize(w, h, name, ctx, layer).weight

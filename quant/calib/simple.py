@@ -28,6 +28,9 @@ class RTNConfig:
     group_size: int = 128
     sym: bool = True
     grid: Grid = "minmax"
+    # a llama.cpp imatrix file (quant/imatrix.py): each linear's input mean square weighs the
+    # mse grid's search, as llama-quantize --imatrix does; linears it lacks get none
+    imatrix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,15 +66,33 @@ class RTNCalibrator(_NoCalibration):
 
     def __init__(self, config: RTNConfig) -> None:
         self.config = config
+        self.imatrix = None
+        if config.imatrix is not None:
+            from ..imatrix import ImatrixError, read_imatrix
+
+            if config.grid != "mse":
+                raise ImatrixError(f"RTN's {config.grid} grid takes no importance, so the "
+                                   f"imatrix {config.imatrix} would be ignored",
+                                   "use the mse grid (--grid mse) with an imatrix")
+            self.imatrix = read_imatrix(config.imatrix)
 
     def describe(self) -> str:
         c = self.config
-        return f"rtn {c.bits}-bit g{c.group_size} {'sym' if c.sym else 'asym'}"
+        imatrix = " imatrix" if c.imatrix is not None else ""
+        return f"rtn {c.bits}-bit g{c.group_size} {'sym' if c.sym else 'asym'}{imatrix}"
+
+    def importance(self, name: str, w: Tensor) -> Tensor | None:
+        """The imatrix's mean square of `name`'s input columns [in], or None."""
+        return None if self.imatrix is None else self.imatrix.importance(name, w.shape[1])
 
     def quantize_weight(self, w: Tensor, name: str, ctx: CalibContext) -> QuantizedWeight:
         c = self.config
-        return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=ctx.scale_dtype,
-                            grid=c.grid, name=name)
+        layer = ctx.layer(name)  # a per-layer storage override, if the recipe has one
+        bits, group, sym = (c.bits, c.group_size, c.sym) if layer is None else \
+            (layer.bits, layer.group_size, layer.sym)
+        return quantize_rtn(w, bits, group, sym, scale_dtype=ctx.scale_dtype, grid=c.grid,
+                            name=name, importance=self.importance(name, w),
+                            fmt=ctx.format_for(name))
 
 
 class TernaryCalibrator(_NoCalibration):

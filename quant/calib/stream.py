@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,10 +47,9 @@ from arkinfer.frontend.checkpoint import Checkpoint, check_weights, open_checkpo
 from arkinfer.output_folder import fresh_work_folder
 
 from ..calib_data import CalibData
-from ..formats import get_format
 from ..recipe import QuantRecipe
 from ..weight import Kind, QuantError, QuantizedWeight
-from .base import CalibContext, block_snr_db, hessian_snr_db, trim_heap
+from .base import CalibContext, block_snr_db, context_for, hessian_snr_db, trim_heap
 from .block import LINEARS, BlockRunner
 from .hessian import HessianAccumulator
 from .registry import config_as_dict, config_for, handler_for
@@ -85,6 +85,8 @@ def save_weights(path: Path, quantized: dict[str, QuantizedWeight], floats: dict
         tensors[f"{name}.zeros"] = qw.zeros
         if qw.g_idx is not None:
             tensors[f"{name}.g_idx"] = qw.g_idx
+        if qw.mins is not None:
+            tensors[f"{name}.mins"] = qw.mins
         meta["linears"][name] = {"bits": qw.bits, "group_size": qw.group_size, "sym": qw.sym,
                                  "kind": str(qw.kind)}
     for name, t in floats.items():
@@ -103,7 +105,8 @@ def load_weights(path: Path) -> tuple[dict[str, QuantizedWeight], dict[str, Tens
             quantized[name] = QuantizedWeight(
                 f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scales"),
                 f.get_tensor(f"{name}.zeros"), m["bits"], m["group_size"], m["sym"], g_idx,
-                Kind(m["kind"]), name)
+                Kind(m["kind"]), name,
+                mins=f.get_tensor(f"{name}.mins") if f"{name}.mins" in keys else None)
         floats = {n: f.get_tensor(n) for n in meta["floats"]}
     return quantized, floats, meta["info"]
 
@@ -207,6 +210,18 @@ def _start_point(work_dir: Path, key: str, resume: bool, n_layers: int) -> tuple
     return 0, None
 
 
+def open_float_source(source: str | Path | Checkpoint) -> tuple[Checkpoint, nn.Module]:
+    """The float checkpoint to calibrate (refused when already quantised, or when it lacks a
+    tensor the model needs) and its model skeleton on the meta device (blocks load one by one)."""
+    ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, with_tokenizer=False)
+    check_source(ckpt)
+    with torch.device("meta"):
+        model = models.build_model(ckpt.config)
+    check_weights(models.module_for(ckpt.raw_config).expected_weights(model), ckpt.weights,
+                  ckpt.path)
+    return ckpt, model
+
+
 def _skip_set(recipe: QuantRecipe, n_layers: int) -> frozenset[str]:
     return frozenset(f"model.layers.{i}.{n}" for i in range(n_layers) for n in LINEARS
                      if recipe.skips(f"model.layers.{i}.{n}"))
@@ -225,19 +240,16 @@ def calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Calib
     batch: sequences per forward (default: about 4096 tokens).
     """
     t_start = time.perf_counter()
-    ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, with_tokenizer=False)
-    check_source(ckpt)
+    ckpt, model = open_float_source(source)
     cfg = ckpt.config
-    with torch.device("meta"):
-        model = models.build_model(cfg)
-    check_weights(models.module_for(ckpt.raw_config).expected_weights(model), ckpt.weights,
-                  ckpt.path)
+    if recipe.budget is not None:  # mixed precision: choose every tensor's format first
+        from ..mix import resolve_budget
+
+        recipe = resolve_budget(recipe, ckpt, calib.ids, log=lambda m: print(m, file=sys.stderr, flush=True))
     config = config_for(recipe, **(options or {}))
     handler = handler_for(config)
-    fmt = get_format(recipe.format)
     n_layers = cfg.num_hidden_layers
-    ctx = CalibContext(fmt, _skip_set(recipe, n_layers), strict,
-                       torch.float16 if fmt.constraints.scale_dtype == "float16" else None)
+    ctx = context_for(recipe, _skip_set(recipe, n_layers), strict)
     seq_len = calib.seq_len
     batch = batch or max(1, 4096 // seq_len)
     work_dir = Path(work_dir)

@@ -23,9 +23,9 @@ import torch
 from arkinfer.frontend.checkpoint import Checkpoint, open_checkpoint
 from arkinfer.output_folder import fresh_work_folder
 
-from ..formats import get_format
 from ..recipe import QuantRecipe
-from .base import CalibContext, LinearReport
+from ..weight import QuantError
+from .base import CalibContext, LinearReport, context_for
 from .block import LINEARS
 from .registry import config_as_dict, config_for, handler_for
 from .stream import (
@@ -59,14 +59,16 @@ def quantize_weight_only(source: str | Path | Checkpoint, recipe: QuantRecipe,
     `recipe`; same outputs and work-file layout as `stream.calibrate`, without activations."""
     if not is_weight_only(recipe):
         raise ValueError(f"recipe {recipe.describe()} needs calibration; use stream.calibrate")
+    if recipe.budget is not None:
+        raise QuantError(f"recipe {recipe.describe()}: mixed precision measures sensitivity on "
+                         "calibration text, which weight-only recipes do not read",
+                         "use a calibrated recipe (gptq) for a bits budget")
     t_start = time.perf_counter()
     ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, with_tokenizer=False)
     check_source(ckpt)
     config = config_for(recipe, **(options or {}))
     handler = handler_for(config)
-    fmt = get_format(recipe.format)
-    ctx = CalibContext(fmt, frozenset(), strict,
-                       torch.float16 if fmt.constraints.scale_dtype == "float16" else None)
+    ctx = context_for(recipe, frozenset(), strict)
     work_dir = Path(work_dir)
     fresh_work_folder(work_dir)
     n_layers = ckpt.config.num_hidden_layers

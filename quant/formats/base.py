@@ -5,6 +5,10 @@ naming the layer, the bad value, the allowed set and the next step. `pack` retur
 keyed by the suffix of their checkpoint name (`qweight`, `qzeros`, `scales`, `g_idx`, ...);
 `config` returns the metadata a runtime needs; `unpack` (numpy, the reference) inverts `pack`
 bit-exactly.
+
+`snap_params(scales, mins)` maps a tensor's group parameters to the nearest ones the format can
+store (identity by default; the GGUF K-quants quantise their sub-scales per 256-weight
+super-block), so a calibrator picks codes for parameters the format holds exactly.
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ class Constraints:
     scale_dtype: dtype the scales are stored in; canonical scales must be exact in it.
     min_zero: smallest zero point the format can store (GPTQ v1 stores zero - 1).
     shared_scale_block: consecutive input columns that must share one scale (GGUF TQ: 256).
+    float_mins: the format stores a float minimum per group (value = scale*code - min, GGUF
+        Q4_K / Q5_K) instead of an integer zero point: weights must carry `mins`, and only
+        these formats accept weights with `mins`.
+    super_block: consecutive input columns whose group parameters are quantised together
+        (GGUF K-quants: 256); `snap_params` needs all of them at once.
     """
 
     bits: tuple[int, ...]
@@ -50,6 +59,8 @@ class Constraints:
     scale_dtype: ScaleDType = "float16"
     min_zero: int = 0
     shared_scale_block: int | None = None
+    float_mins: bool = False
+    super_block: int | None = None
     notes: str = ""
 
     def in_step(self, bits: int, group_size: int) -> int:
@@ -59,6 +70,8 @@ class Constraints:
             step = math.lcm(step, self.in_word_bits // math.gcd(self.in_word_bits, bits))
         if self.shared_scale_block:
             step = math.lcm(step, self.shared_scale_block)
+        if self.super_block:
+            step = math.lcm(step, self.super_block)
         return step
 
     def out_step(self, bits: int) -> int:
@@ -98,6 +111,15 @@ class Format:
         if qw.sym not in c.sym:
             raise refuse(f"sym={qw.sym} is not supported (allowed {c.sym})",
                          f"quantise with sym={c.sym[0]}")
+        if (qw.mins is not None) != c.float_mins:
+            if c.float_mins:
+                raise refuse("the format stores a float min per group (value = scale*code - min)"
+                             " and the weight has integer zero points",
+                             f"quantise with quantize_rtn(..., fmt={self.name!r}) or "
+                             f"gptq_quantize(..., fmt={self.name!r})")
+            raise refuse("the weight has float mins (a K-quant's scale*code - min), which this "
+                         "format cannot store", "store it as gguf-q4_k / gguf-q5_k, or "
+                         "re-quantise for this format")
         if qw.act_order and not c.act_order:
             raise refuse("act-order (a non-static g_idx) is not supported",
                          "quantise with desc_act=False or use the gptq format")
@@ -148,6 +170,14 @@ class Format:
 
     def _check_extra(self, qw: QuantizedWeight, refuse) -> None:
         """Format-specific rules beyond the constraint data."""
+
+    def snap_params(self, scales: np.ndarray, mins: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Group parameters -> the nearest ones this format stores exactly: `scales` float32
+        [out, n_groups] (and `mins`, same shape, for `float_mins` formats) in static group
+        order. Identity here (fp16 rounding is the quantisers' `scale_dtype`); formats with
+        quantised sub-scales (GGUF K-quants) override it."""
+        return scales, mins
 
     # --------------------------------------------------------------------- pack / unpack / meta
     def pack(self, qw: QuantizedWeight) -> dict[str, np.ndarray]:

@@ -5,6 +5,19 @@ Bytes exactly as ggml (`ggml-quants.c`), little-endian, one row = consecutive bl
     Q4_0  (32 w, 18 B):  fp16 d | 16 B, byte j = q[j] | q[j+16] << 4        value (q - 8) * d
     Q4_1  (32 w, 20 B):  fp16 d | fp16 m | 16 B as Q4_0                     value q * d + m
     Q8_0  (32 w, 34 B):  fp16 d | 32 x int8                                 value q * d
+    Q5_0  (32 w, 22 B):  fp16 d | 4 B qh | 16 B qs; q = (qs nibble as Q4_0) | (bit j of the
+                         little-endian uint32 qh) << 4                       value (q - 16) * d
+    Q5_1  (32 w, 24 B):  fp16 d | fp16 m | qh | qs as Q5_0                   value q * d + m
+    Q4_K  (256 w, 144 B): fp16 d | fp16 dmin | 12 B scales | 128 B qs; 8 sub-blocks of 32 with
+                         6-bit sc[j], m[j]: bytes j<4 = sc[j] | (sc[j+4] >> 4) << 6, bytes 4+j =
+                         m[j] | (m[j+4] >> 4) << 6, bytes 8+j = sc[j+4] & 15 | (m[j+4] & 15) << 4;
+                         qs byte 32c + l = q[64c + l] | q[64c + 32 + l] << 4
+                                                              value (d * sc) * q - (dmin * m)
+    Q5_K  (256 w, 176 B): as Q4_K with 32 B qh after the scales: bit j of qh[l] is the 5th bit
+                         of weight 32j + l                     value (d * sc) * q - (dmin * m)
+    Q6_K  (256 w, 210 B): 128 B ql | 64 B qh | 16 x int8 sc | fp16 d; 16 sub-blocks of 16; in
+                         each 128-weight half h: ql[64h + l] = low nibbles of weights l | l + 64,
+                         qh[32h + l] bits 2k = high 2 bits of weight 32k + l   value (d*sc)*(q-32)
     TQ2_0 (256 w, 66 B): 64 B | fp16 d; code = trit + 1; in each 32-byte half h, byte m holds
                          weights 128h + m + 32l at bits 2l (l = 0..3)       value (code - 1) * d
     TQ1_0 (256 w, 54 B): 48 B of 5 trits/byte | 4 B of 4 trits/byte | fp16 d   value trit * d
@@ -30,7 +43,12 @@ class GGMLType(IntEnum):
     F16 = 1
     Q4_0 = 2
     Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
     BF16 = 30
     TQ1_0 = 34
     TQ2_0 = 35
@@ -40,6 +58,8 @@ class GGMLType(IntEnum):
 BLOCK: dict[GGMLType, tuple[int, int]] = {
     GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.BF16: (1, 2),
     GGMLType.Q4_0: (32, 18), GGMLType.Q4_1: (32, 20), GGMLType.Q8_0: (32, 34),
+    GGMLType.Q5_0: (32, 22), GGMLType.Q5_1: (32, 24), GGMLType.Q4_K: (256, 144),
+    GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210),
     GGMLType.TQ1_0: (256, 54), GGMLType.TQ2_0: (256, 66),
 }
 _POW3 = np.array([81, 27, 9, 3, 1], dtype=np.uint16)
@@ -81,6 +101,102 @@ def decode_q4(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, ...]:
     q = np.concatenate([qs & np.uint8(0xF), qs >> np.uint8(4)], axis=1)
     d = _f16_value(blocks[:, :2])
     return (q, d, _f16_value(blocks[:, 2:4])) if with_min else (q, d)
+
+
+def encode_q5(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> np.ndarray:
+    """q uint8 [nb, 32] (< 32), d [nb] (and m [nb] for Q5_1) -> Q5_0 [nb, 22] / Q5_1 [nb, 24]."""
+    q = q.astype(np.uint8)
+    qh = np.packbits((q >> np.uint8(4)) & np.uint8(1), axis=1, bitorder="little")
+    qs = (q[:, :16] & np.uint8(15)) | ((q[:, 16:] & np.uint8(15)) << np.uint8(4))
+    head = [_f16_bytes(d)] + ([] if m is None else [_f16_bytes(m)])
+    return np.concatenate([*head, qh, qs], axis=1)
+
+
+def decode_q5(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, ...]:
+    """Q5_0 [nb, 22] -> (q [nb, 32], d [nb]); Q5_1 [nb, 24] -> (q, d, m)."""
+    off = 4 if with_min else 2
+    high = np.unpackbits(blocks[:, off:off + 4], axis=1, bitorder="little")
+    qs = blocks[:, off + 4:]
+    q = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=1) | (high << np.uint8(4))
+    d = _f16_value(blocks[:, :2])
+    return (q, d, _f16_value(blocks[:, 2:4])) if with_min else (q, d)
+
+
+def _pack_k_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """6-bit sc, m uint8 [nb, 8] -> the 12 scale bytes of Q4_K / Q5_K [nb, 12]."""
+    sc, m = sc.astype(np.uint8), m.astype(np.uint8)
+    lo = (sc[:, :4] & np.uint8(63)) | ((sc[:, 4:] >> np.uint8(4)) << np.uint8(6))
+    mid = (m[:, :4] & np.uint8(63)) | ((m[:, 4:] >> np.uint8(4)) << np.uint8(6))
+    hi = (sc[:, 4:] & np.uint8(15)) | ((m[:, 4:] & np.uint8(15)) << np.uint8(4))
+    return np.concatenate([lo, mid, hi], axis=1)
+
+
+def _unpack_k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """12 scale bytes [nb, 12] -> (sc, m) uint8 [nb, 8]."""
+    lo, mid, hi = b[:, :4], b[:, 4:8], b[:, 8:12]
+    sc = np.concatenate([lo & np.uint8(63), (hi & np.uint8(15)) | ((lo >> np.uint8(6)) << np.uint8(4))],
+                        axis=1)
+    m = np.concatenate([mid & np.uint8(63), (hi >> np.uint8(4)) | ((mid >> np.uint8(6)) << np.uint8(4))],
+                       axis=1)
+    return sc, m
+
+
+def _nibbles_k(q: np.ndarray) -> np.ndarray:
+    """q [nb, 256] -> Q4_K / Q5_K qs [nb, 128]: byte 32c + l = q[64c + l] | q[64c + 32 + l] << 4."""
+    q = (q.astype(np.uint8) & np.uint8(15)).reshape(-1, 4, 2, 32)
+    return (q[:, :, 0] | (q[:, :, 1] << np.uint8(4))).reshape(-1, 128)
+
+
+def _from_nibbles_k(qs: np.ndarray) -> np.ndarray:
+    qs = qs.reshape(-1, 4, 1, 32)
+    return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=2).reshape(-1, 256)
+
+
+def encode_qk(q: np.ndarray, d: np.ndarray, dmin: np.ndarray, sc: np.ndarray, m: np.ndarray,
+              bits: int) -> np.ndarray:
+    """q uint8 [nb, 256] (< 2^bits), fp16-exact d, dmin [nb], 6-bit sc, m [nb, 8] ->
+    Q4_K [nb, 144] (bits 4) / Q5_K [nb, 176] (bits 5)."""
+    parts = [_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, m)]
+    if bits == 5:
+        high = ((q.astype(np.uint8) >> np.uint8(4)) & np.uint8(1)).reshape(-1, 8, 32)
+        parts.append((high << np.arange(8, dtype=np.uint8)[None, :, None]).sum(
+            axis=1, dtype=np.uint8))
+    return np.concatenate([*parts, _nibbles_k(q)], axis=1)
+
+
+def decode_qk(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, ...]:
+    """Q4_K / Q5_K blocks -> (q uint8 [nb, 256], d [nb], dmin [nb], sc [nb, 8], m [nb, 8])."""
+    d, dmin = _f16_value(blocks[:, :2]), _f16_value(blocks[:, 2:4])
+    sc, m = _unpack_k_scales(blocks[:, 4:16])
+    q = _from_nibbles_k(blocks[:, 16 + (32 if bits == 5 else 0):])
+    if bits == 5:
+        qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8)[None, :, None]
+        q = q | ((qh & np.uint8(1)) << np.uint8(4)).reshape(-1, 256)
+    return q, d, dmin, sc, m
+
+
+def encode_q6_k(q: np.ndarray, d: np.ndarray, sc: np.ndarray) -> np.ndarray:
+    """q uint8 [nb, 256] (< 64, value q - 32), fp16-exact d [nb], int8 sc [nb, 16] -> [nb, 210]."""
+    q = q.astype(np.uint8).reshape(-1, 2, 128)
+    low = q & np.uint8(15)
+    ql = low[:, :, :64] | (low[:, :, 64:] << np.uint8(4))               # [nb, 2, 64]
+    high = (q >> np.uint8(4)).reshape(-1, 2, 4, 32)
+    qh = (high << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]).sum(
+        axis=2, dtype=np.uint8)                                           # [nb, 2, 32]
+    return np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64),
+                           sc.astype(np.int8).view(np.uint8), _f16_bytes(d)], axis=1)
+
+
+def decode_q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K [nb, 210] -> (q uint8 [nb, 256] (value q - 32), d [nb], sc int8 [nb, 16])."""
+    ql = blocks[:, :128].reshape(-1, 2, 1, 64)
+    low = np.concatenate([ql & np.uint8(15), ql >> np.uint8(4)], axis=2).reshape(-1, 2, 128)
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)
+                                                      )[None, None, :, None]
+    high = (qh & np.uint8(3)).reshape(-1, 2, 128)
+    q = (low | (high << np.uint8(4))).reshape(-1, 256)
+    sc = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8)
+    return q, _f16_value(blocks[:, 208:210]), sc
 
 
 def encode_q8_0(q: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -238,21 +354,55 @@ def quantize_gguf(w: np.ndarray, qtype: GGMLType | int) -> bytes:
     if qtype is GGMLType.Q8_0:
         d = np.abs(b).max(axis=1) / np.float32(127)
         return encode_q8_0(roundf(b * _inverse(d)[:, None]), d).tobytes()
-    if qtype is GGMLType.Q4_0:
+    if qtype in (GGMLType.Q4_0, GGMLType.Q5_0):  # d = signed max / -2^(bits-1)
+        half = 8 if qtype is GGMLType.Q4_0 else 16
         amax = np.take_along_axis(b, np.abs(b).argmax(axis=1)[:, None], axis=1)[:, 0]
-        d = amax / np.float32(-8)
-        q = np.trunc(b * _inverse(d)[:, None] + np.float32(8.5))
-        return encode_q4(np.clip(q, 0, 15), d).tobytes()
-    if qtype is GGMLType.Q4_1:
+        d = amax / np.float32(-half)
+        q = np.trunc(b * _inverse(d)[:, None] + np.float32(half + 0.5))
+        encode = encode_q4 if half == 8 else encode_q5
+        return encode(np.clip(q, 0, 2 * half - 1), d).tobytes()
+    if qtype in (GGMLType.Q4_1, GGMLType.Q5_1):  # d = (max - min) / (2^bits - 1), m = min
+        top = 15 if qtype is GGMLType.Q4_1 else 31
         lo, hi = b.min(axis=1), b.max(axis=1)
-        d = (hi - lo) / np.float32(15)
+        d = (hi - lo) / np.float32(top)
         q = np.trunc((b - lo[:, None]) * _inverse(d)[:, None] + np.float32(0.5))
-        return encode_q4(np.clip(q, 0, 15), d, lo).tobytes()
+        encode = encode_q4 if top == 15 else encode_q5
+        return encode(np.clip(q, 0, top), d, lo).tobytes()
+    if qtype in K_QUANTS:
+        return _quantize_k(x, qtype)
     # TQ1_0 / TQ2_0: d = absmax of the 256-block, trit = roundf(x / d)
     d = np.abs(b).max(axis=1)
     codes = (roundf(b * _inverse(d)[:, None]) + 1).astype(np.uint8)
     enc = encode_tq2_0 if qtype is GGMLType.TQ2_0 else encode_tq1_0
     return enc(codes, d).tobytes()
+
+
+K_QUANTS = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+
+
+def _quantize_k(x: np.ndarray, qtype: GGMLType) -> bytes:
+    """A K-quant of float32 rows `x` [..., n]: llama.cpp's own quantiser (ggml's
+    `quantize_row_*_ref`, through the libggml that llama-cpp-python ships) when it is installed,
+    so the bytes are llama-quantize's; otherwise ArkInfer's RTN K-quant (rtn.quantize_rtn with
+    the format's sub-scale snapping: same layout, a different parameter search)."""
+    from .ggml_native import ggml_quantize
+
+    rows = x.reshape(-1, x.shape[-1])
+    data = ggml_quantize(rows, int(qtype))
+    if data is not None:
+        return data
+    import torch
+
+    from ..rtn import quantize_rtn
+    from . import get_format
+
+    name = {GGMLType.Q4_K: "gguf-q4_k", GGMLType.Q5_K: "gguf-q5_k",
+            GGMLType.Q6_K: "gguf-q6_k"}[qtype]
+    fmt = get_format(name)
+    c = fmt.constraints
+    qw = quantize_rtn(torch.from_numpy(np.ascontiguousarray(rows)), c.bits[0], c.group_sizes[0],
+                      c.sym[0], grid="mse", fmt=fmt)
+    return fmt.pack(qw)["weight"].tobytes()
 
 
 def dequantize_gguf(data: bytes | np.ndarray, qtype: GGMLType | int, n: int) -> np.ndarray:
@@ -277,6 +427,21 @@ def dequantize_gguf(data: bytes | np.ndarray, qtype: GGMLType | int, n: int) -> 
     elif qtype is GGMLType.Q4_1:
         q, d, m = decode_q4(blocks, with_min=True)
         vals = d[:, None] * q.astype(np.float32) + m[:, None]
+    elif qtype is GGMLType.Q5_0:
+        q, d = decode_q5(blocks, with_min=False)
+        vals = d[:, None] * (q.astype(np.float32) - np.float32(16))
+    elif qtype is GGMLType.Q5_1:
+        q, d, m = decode_q5(blocks, with_min=True)
+        vals = d[:, None] * q.astype(np.float32) + m[:, None]
+    elif qtype in (GGMLType.Q4_K, GGMLType.Q5_K):
+        q, d, dmin, sc, m = decode_qk(blocks, 5 if qtype is GGMLType.Q5_K else 4)
+        scale = (d[:, None] * sc.astype(np.float32)).repeat(32, axis=1)
+        low = (dmin[:, None] * m.astype(np.float32)).repeat(32, axis=1)
+        vals = scale * q.astype(np.float32) - low
+    elif qtype is GGMLType.Q6_K:
+        q, d, sc = decode_q6_k(blocks)
+        scale = (d[:, None] * sc.astype(np.float32)).repeat(16, axis=1)
+        vals = scale * (q.astype(np.float32) - np.float32(32))
     else:
         codes, d = (decode_tq2_0 if qtype is GGMLType.TQ2_0 else decode_tq1_0)(blocks)
         vals = d[:, None] * (codes.astype(np.float32) - np.float32(1))

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 FORMATS = all_formats()
-ROUNDED_BIAS = {"mlx", "gguf-q4_1"}  # native value = scale*q + fp16(-scale*zero)
+ROUNDED_BIAS = {"mlx", "gguf-q4_1", "gguf-q5_1"}  # native value = scale*q + fp16(-scale*zero)
 
 
 def _group_choices(fmt: Format) -> list[int]:
@@ -52,10 +52,15 @@ def canonical_weights(draw: st.DrawFn, fmt: Format) -> QuantizedWeight:
         zeros = np.full((out, n_groups), 1 << (bits - 1), np.int32)
     else:
         zeros = rng.integers(max(c.min_zero, 0), maxq + 1, (out, n_groups)).astype(np.int32)
+    mins = None
+    if c.float_mins:  # K-quants: value = scale*code - min, zeros unused
+        mins = rng.uniform(0, 2, (out, n_groups)).astype(np.float32)
+        zeros = np.zeros((out, n_groups), np.int32)
+    scales, mins = fmt.snap_params(scales, mins)  # representable (identity for most formats)
     g_idx = None
     if c.act_order and group != -1 and n_groups > 1 and draw(st.booleans()):
         g_idx = (np.arange(inp) // group)[rng.permutation(inp)].astype(np.int32)
-    return QuantizedWeight(codes, scales, zeros, bits, group, sym, g_idx, kind)
+    return QuantizedWeight(codes, scales, zeros, bits, group, sym, g_idx, kind, mins=mins)
 
 
 def _roundtrip(fmt: Format, qw: QuantizedWeight) -> None:
@@ -93,7 +98,8 @@ def _realistic(fmt: Format) -> QuantizedWeight:
     group = 128 if c.group_sizes is None or 128 in c.group_sizes else c.group_sizes[0]
     w = torch.randn(128, 512) * 0.02
     dtype = torch.float16 if c.scale_dtype == "float16" else None
-    return quantize_rtn(w, bits, group, sym, scale_dtype=dtype, name="model.layers.0.mlp.up_proj")
+    return quantize_rtn(w, bits, group, sym, scale_dtype=dtype, name="model.layers.0.mlp.up_proj",
+                        fmt=fmt)
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)

@@ -100,8 +100,8 @@ def test_rtn_refuses_bad_arguments() -> None:
                r"\nhint: .*\[32, 64\]")
     with pytest.raises(QuantError, match=message):
         quantize_rtn(torch.randn(4, 576), 4, 80, name="model.layers.3.mlp.down_proj")
-    with pytest.raises(QuantError, match=r"bits=5"):
-        quantize_rtn(torch.randn(4, 64), 5, 32)
+    with pytest.raises(QuantError, match=r"bits=7"):
+        quantize_rtn(torch.randn(4, 64), 7, 32)
     with pytest.raises(QuantError, match=r"2-D"):
         quantize_rtn(torch.randn(64), 4, 32)
 
@@ -113,7 +113,7 @@ def _qw(**kw):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"bits": 5}, r"bits=5 .*allowed \(2, 3, 4, 8\)"),
+    ({"bits": 7}, r"bits=7 .*allowed \(2, 3, 4, 5, 6, 8\)"),
     ({"group_size": 48}, r"group_size=48 does not divide in_features=64 .*q_proj"),
     ({"scales": np.ones((4, 3), np.float32)}, r"scales .*shape \(4, 3\).*\[4, 2\]"),
     ({"codes": np.full((4, 64), 16, np.uint8)}, r"codes .*reach 16"),
