@@ -17,8 +17,10 @@ Batched (`sample_group`): the samples are made in groups of `BATCH` that share a
 padding is needed: the prompt is prefilled once (batch 1), its KV cache repeated to the group's
 rows, then every decode step runs all unfinished rows as one batch [rows, 1] (decode reads every
 weight once per step, whatever the batch, so tokens/s grows nearly with the rows). Each row has
-its own generator and draws from its own logits exactly as `arkinfer.generate.generate` would;
-a row that draws a stop token (or reaches the length) is finished and dropped from the batch.
+its own generator and draws from its own logits as `arkinfer.generate.generate` would (batched
+logits may differ from batch-1 ones in the last float bits, so a row can, rarely, take another
+token than a one-at-a-time run); a row that draws a stop token (or reaches the length) is
+finished and dropped from the batch.
 
 One `Domain` per seed kind (`self-chat`, `self-chat-zh`, `self-code`, `self-math`,
 `self-explain`, `self-bos`) carries the token ids as generated (`Domain.ids`), so
@@ -30,12 +32,13 @@ Determinism: sample k of domain d is row k mod BATCH of group g = k // BATCH, wh
 prompt g mod (its prompts) and the generator seed `sample_seed(seed, d, k)`. Groups are made
 whole (a group's extra samples are cached for a later, larger run), so a sample depends on
 (seed, d, k) only — not on how many were asked for or what the cache held — and the samples of a
-larger `--samples` begin with those of a smaller one. They are cached in `$ARKINFER_CACHE/calib-self/<model>-<seed>-<settings>.jsonl`
-(`cache_path`): `<model>` is `model_key` (below), `<settings>` hashes the seed prompts as token
-ids (so the tokenizer and chat template), temperature, top-p, seq_len, `BATCH` and this
-file's `FORMAT_VERSION` (2: batched groups; version 1 files are not reused). A later run reuses the file, and generates only the samples it lacks; a file
-that does not parse is generated again with a note. Files are replaced atomically (temp +
-rename) under a lock.
+larger `--samples` begin with those of a smaller one. They are cached in
+`$ARKINFER_CACHE/calib-self/<model>-<seed>-<settings>.jsonl` (`cache_path`): `<model>` is
+`model_key` (below), `<settings>` hashes the seed prompts as token ids (so the tokenizer and
+chat template), temperature, top-p, seq_len, `BATCH` and this file's `FORMAT_VERSION` (2:
+batched groups; version 1 files are not reused). A later run reuses the file, and generates only
+the samples it lacks; a file that does not parse is generated again with a note. Files are
+replaced atomically (temp + rename) under a lock.
 
 Cache file, JSON Lines: line 1 `{"format": "arkinfer-calib-self", "version", "model_sha256",
 "seed", "settings_sha256", "settings"}`; then one record per sample `{"domain", "index",

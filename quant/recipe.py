@@ -145,8 +145,7 @@ class QuantRecipe:
 # quantiser in the GGUF backend (bytes equal to llama-quantize's) unless `--option rtn=folder`.
 PRESETS: dict[str, QuantRecipe] = {
     "marlin": QuantRecipe("gptq", "marlin", 4, 128, sym=True, desc_act=False),
-    # act-order (g_idx stored; vLLM's gptq and gptq_marlin kernels take desc_act checkpoints)
-    "gptq": QuantRecipe("gptq", "gptq", 4, 128, sym=True, desc_act=True),
+    "gptq": QuantRecipe("gptq", "gptq", 4, 128, sym=True),
     "awq": QuantRecipe("awq", "awq", 4, 128, sym=False),
     "q4_0": QuantRecipe("rtn", "gguf-q4_0", 4, 32, sym=True),
     # GPTQ-calibrated Q4_0 (llama.cpp's block layout); P-GPTQ: see quant/calib/pgptq.py
