@@ -28,8 +28,8 @@ def test_dims_reject_anything_but_arithmetic(text):
 def test_quant_spec_validates():
     q = ir.QuantSpec(bits=4, group_size=128, format="marlin", sym=True)
     assert ir.QuantSpec.from_json(q.to_json()) == q
-    with pytest.raises(ir.IRVerifyError, match="bits=5"):
-        ir.QuantSpec(bits=5, group_size=128, format="gptq", sym=True)
+    with pytest.raises(ir.IRVerifyError, match="bits=7"):
+        ir.QuantSpec(bits=7, group_size=128, format="gptq", sym=True)
     with pytest.raises(ir.IRVerifyError, match="group_size=0"):
         ir.QuantSpec(bits=4, group_size=0, format="gptq", sym=True)
 
