@@ -121,6 +121,13 @@ class TensorCost:
 COST_ROWS = 512
 
 
+def _format_shape(format_name: str) -> tuple[int, int, bool]:
+    """(bits, group size, sym) a candidate format is used with: its first bits and group size,
+    symmetric when it allows it."""
+    c = get_format(format_name).constraints
+    return c.bits[0], (c.group_sizes or (32,))[0], True in c.sym
+
+
 def _rtn_dequant(w: Tensor, format_name: str) -> Tensor | None:
     """`w` quantised to `format_name` by RTN (mse grid, fp16 scales) and dequantised; None when
     the format cannot hold this shape."""
@@ -128,8 +135,7 @@ def _rtn_dequant(w: Tensor, format_name: str) -> Tensor | None:
     c = fmt.constraints
     if w.shape[1] % max(c.in_multiple, 1) or w.shape[0] % max(c.out_multiple, 1):
         return None
-    bits, group = c.bits[0], (c.group_sizes or (32,))[0]
-    sym = True in c.sym
+    bits, group, sym = _format_shape(format_name)
     try:
         qw = quantize_rtn(w, bits, group, sym, scale_dtype=torch.float16, grid="mse",
                           fmt=fmt)
@@ -141,10 +147,9 @@ def _rtn_dequant(w: Tensor, format_name: str) -> Tensor | None:
 
 def stored_bits(format_name: str, shape: tuple[int, int]) -> float:
     """Bits per weight `format_name` stores for a [out, in] tensor (blocks, scales included)."""
-    fmt = get_format(format_name)
-    c = fmt.constraints
-    nbytes = fmt.nbytes(shape[0], shape[1], bits=c.bits[0], group_size=(c.group_sizes or (32,))[0],
-                        sym=True in c.sym)
+    bits, group, sym = _format_shape(format_name)
+    nbytes = get_format(format_name).nbytes(shape[0], shape[1], bits=bits, group_size=group,
+                                            sym=sym)
     return 8 * nbytes / (shape[0] * shape[1])
 
 

@@ -52,3 +52,21 @@ def tiny_checkpoint(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def dense_demo(tmp_path_factory) -> Path:
+    """A copy of the embedded demo model without its sparse_config (dense attention only: what
+    llama.cpp runs, so the reference and an artifact compare like with like)."""
+    import json
+    import shutil
+
+    from arkinfer.frontend.demo import demo_model_path
+
+    folder = tmp_path_factory.mktemp("dense") / "dense-demo"
+    shutil.copytree(demo_model_path(), folder,
+                    ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("sparse_config")
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder

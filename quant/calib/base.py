@@ -101,6 +101,14 @@ class CalibContext:
             return None
         return LayerQuant(get_format(sub.format), sub.bits, sub.group_size, sub.sym)
 
+    def shape_for(self, name: str, config) -> tuple[int, int, bool]:
+        """(bits, group_size, sym) linear `name` is quantised with: its override's, else
+        `config`'s (a handler config with those three fields)."""
+        layer = self.layer(name)
+        if layer is None:
+            return config.bits, config.group_size, config.sym
+        return layer.bits, layer.group_size, layer.sym
+
     def format_for(self, name: str) -> Format:
         layer = self.layer(name)
         return self.fmt if layer is None else layer.fmt

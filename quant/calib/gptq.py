@@ -40,7 +40,7 @@ from torch import Tensor
 
 from ..rtn import Grid, find_params, group_params, quantize_rtn, resolve_format
 from ..weight import UNIFORM_BITS, QuantError, QuantizedWeight
-from .base import BlockCalibrator, BlockResult, CalibContext, LayerQuant
+from .base import BlockCalibrator, BlockResult, CalibContext
 from .block import SEQUENTIAL_GROUPS, BlockRunner
 from .hessian import prefix_split
 from .sequential import SequentialForward, supports
@@ -321,16 +321,15 @@ class GPTQCalibrator(BlockCalibrator):
         return text + f" prefix {c.prefix_skip}{how}"
 
     def _quantize(self, w: Tensor, h: Tensor, name: str, ctx: CalibContext,
-                  layer: LayerQuant | None = None) -> GPTQResult:
-        """GPTQ of one (or one stacked) weight; `layer`: a per-layer storage override's bits,
-        group size and symmetry instead of the config's."""
+                  layer: str | None = None) -> GPTQResult:
+        """GPTQ of one (or one stacked) weight, stored as linear `layer` (default `name`): its
+        per-layer override's format, bits, group size and symmetry, else the config's."""
         c = self.config
-        bits, group, sym = (c.bits, c.group_size, c.sym) if layer is None else \
-            (layer.bits, layer.group_size, layer.sym)
+        bits, group, sym = ctx.shape_for(layer or name, c)
         return gptq_quantize(w, h, bits=bits, group_size=group, sym=sym,
                              act_order=c.act_order, static_groups=c.static_groups, damp=c.damp,
                              block_size=c.block_size, scale_dtype=ctx.scale_dtype, grid=c.grid,
-                             name=name, fmt=ctx.fmt if layer is None else layer.fmt)
+                             name=name, fmt=ctx.format_for(layer or name))
 
     def _quantize_sharing(self, runner: BlockRunner, names: list[str], h: Tensor,
                           ctx: CalibContext) -> list[tuple[str, GPTQResult]]:
@@ -348,10 +347,10 @@ class GPTQCalibrator(BlockCalibrator):
             return sorted(out, key=lambda item: names.index(item[0]))
         weights = [runner.weight(n) for n in names]
         if len(names) == 1:
-            return [(names[0], self._quantize(weights[0], h, runner.full(names[0]), ctx,
-                                              layers[0]))]
-        stacked = self._quantize(torch.cat(weights), h,
-                                 " + ".join(runner.full(n) for n in names), ctx, layers[0])
+            return [(names[0], self._quantize(weights[0], h, runner.full(names[0]), ctx))]
+        stacked = self._quantize(torch.cat(weights), h,  # one storage: the first one's
+                                 " + ".join(runner.full(n) for n in names), ctx,
+                                 layer=runner.full(names[0]))
         qw, out, r0 = stacked.weight, [], 0
         for name, w in zip(names, weights):
             r1 = r0 + w.shape[0]
@@ -399,11 +398,8 @@ class GPTQCalibrator(BlockCalibrator):
 
     def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
                       ctx: CalibContext) -> QuantizedWeight:
-        layer = ctx.layer(name)
         if h is None:
-            c = self.config
-            bits, group, sym = (c.bits, c.group_size, c.sym) if layer is None else \
-                (layer.bits, layer.group_size, layer.sym)
-            return quantize_rtn(w, bits, group, sym, scale_dtype=ctx.scale_dtype, grid=c.grid,
-                                name=name, fmt=ctx.format_for(name))
-        return self._quantize(w, h, name, ctx, layer).weight
+            bits, group, sym = ctx.shape_for(name, self.config)
+            return quantize_rtn(w, bits, group, sym, scale_dtype=ctx.scale_dtype,
+                                grid=self.config.grid, name=name, fmt=ctx.format_for(name))
+        return self._quantize(w, h, name, ctx).weight

@@ -87,9 +87,7 @@ class RTNCalibrator(_NoCalibration):
 
     def quantize_weight(self, w: Tensor, name: str, ctx: CalibContext) -> QuantizedWeight:
         c = self.config
-        layer = ctx.layer(name)  # a per-layer storage override, if the recipe has one
-        bits, group, sym = (c.bits, c.group_size, c.sym) if layer is None else \
-            (layer.bits, layer.group_size, layer.sym)
+        bits, group, sym = ctx.shape_for(name, c)  # a per-layer override, if the recipe has one
         return quantize_rtn(w, bits, group, sym, scale_dtype=ctx.scale_dtype, grid=c.grid,
                             name=name, importance=self.importance(name, w),
                             fmt=ctx.format_for(name))

@@ -421,17 +421,13 @@ def dequantize_gguf(data: bytes | np.ndarray, qtype: GGMLType | int, n: int) -> 
     if qtype is GGMLType.Q8_0:
         q, d = decode_q8_0(blocks)
         vals = q.astype(np.float32) * d[:, None]
-    elif qtype is GGMLType.Q4_0:
-        q, d = decode_q4(blocks, with_min=False)
-        vals = d[:, None] * (q.astype(np.float32) - np.float32(8))
-    elif qtype is GGMLType.Q4_1:
-        q, d, m = decode_q4(blocks, with_min=True)
-        vals = d[:, None] * q.astype(np.float32) + m[:, None]
-    elif qtype is GGMLType.Q5_0:
-        q, d = decode_q5(blocks, with_min=False)
-        vals = d[:, None] * (q.astype(np.float32) - np.float32(16))
-    elif qtype is GGMLType.Q5_1:
-        q, d, m = decode_q5(blocks, with_min=True)
+    elif qtype in (GGMLType.Q4_0, GGMLType.Q5_0):  # (q - 2^(bits-1)) * d
+        decode, half = (decode_q4, 8) if qtype is GGMLType.Q4_0 else (decode_q5, 16)
+        q, d = decode(blocks, with_min=False)
+        vals = d[:, None] * (q.astype(np.float32) - np.float32(half))
+    elif qtype in (GGMLType.Q4_1, GGMLType.Q5_1):  # q * d + m
+        decode = decode_q4 if qtype is GGMLType.Q4_1 else decode_q5
+        q, d, m = decode(blocks, with_min=True)
         vals = d[:, None] * q.astype(np.float32) + m[:, None]
     elif qtype in (GGMLType.Q4_K, GGMLType.Q5_K):
         q, d, dmin, sc, m = decode_qk(blocks, 5 if qtype is GGMLType.Q5_K else 4)

@@ -9,7 +9,6 @@ paragraphs only) and RTN (no calibration): a few seconds.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,23 +16,11 @@ import torch
 from typer.testing import CliRunner
 
 from arkinfer.cli.main import app
-from arkinfer.frontend.demo import demo_model_path
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 runner = CliRunner()
 EVAL_TEXT = Path(__file__).resolve().parents[2] / "arkinfer" / "data" / "corpus_eval.txt"
 RTN = ["--method", "rtn", "--bits", "4", "--group-size", "32", "--format", "gptq"]
-
-
-@pytest.fixture(scope="module")
-def dense_demo(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("kl") / "dense-demo"
-    shutil.copytree(demo_model_path(), folder,
-                    ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
-    config = json.loads((folder / "config.json").read_text())
-    config.pop("sparse_config")
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -7,28 +7,15 @@ reference model over the quantised weights (the same number twice).
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
 
 from arkinfer.cli.main import app
-from arkinfer.frontend.demo import demo_model_path
 from arkinfer.pipeline.verify import QUALITY_KEYS, THRESHOLDS, judge
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def dense_demo(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qkl") / "dense-demo"
-    shutil.copytree(demo_model_path(), folder,
-                    ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
-    config = json.loads((folder / "config.json").read_text())
-    config.pop("sparse_config")
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    return folder
 
 
 @pytest.mark.llamacpp
