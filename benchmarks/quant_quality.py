@@ -80,6 +80,10 @@ ROWS = {
                                ACT, calib="prose"),
     "pgptq-q4_0-mse": Row("P-GPTQ Q4_0 act-order, searched scales",
                           dict(calib="pgptq", format="gguf-q4_0", group_size=32, grid="mse"), ACT),
+    "rtn-iq4_nl": Row("RTN IQ4_NL (16 non-uniform levels), searched scales",
+                      dict(calib="rtn", format="gguf-iq4_nl", group_size=32, grid="mse")),
+    "gptq-iq4_nl": Row("GPTQ IQ4_NL act-order, searched scales (preset gptq-iq4_nl)",
+                       dict(calib="gptq", format="gguf-iq4_nl", group_size=32, grid="mse"), ACT),
     "gptq-mix-4.9": Row("GPTQ act-order, GGUF types per tensor by measured sensitivity, <= 4.9 "
                         "bits (preset gptq-mix)",
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
@@ -90,6 +94,10 @@ ROWS = {
     "gptq-g64-mse": Row("GPTQ g64 sym act-order checkpoint (gptq layout)",
                         dict(calib="gptq", format="gptq", group_size=64, grid="mse",
                              desc_act=True), runtime="torch"),
+    "gptq-g64-static": Row("GPTQ g64 sym, act-order over static groups, checkpoint (gptq layout, "
+                           "no g_idx; preset gptq --act-order --static-groups)",
+                           dict(calib="gptq", format="gptq", group_size=64, grid="mse"), ACT,
+                           runtime="torch"),
     "awq-g64-mse": Row("AWQ g64 asym checkpoint (awq layout; preset awq)",
                        dict(calib="awq", format="awq", group_size=64, sym=False, grid="mse"),
                        runtime="torch"),

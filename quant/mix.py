@@ -42,8 +42,8 @@ from .rtn import quantize_rtn
 from .weight import QuantError
 
 #: Formats mixed precision chooses among, cheapest first (GGUF blocks llama.cpp runs).
-CANDIDATES: tuple[str, ...] = ("gguf-q4_0", "gguf-q4_k", "gguf-q5_0", "gguf-q5_k", "gguf-q6_k",
-                               "gguf-q8_0")
+CANDIDATES: tuple[str, ...] = ("gguf-q4_0", "gguf-iq4_nl", "gguf-q4_k", "gguf-q5_0", "gguf-q5_k",
+                               "gguf-q6_k", "gguf-q8_0")
 OUTPUT = "lm_head"
 
 ProgressFn = Callable[[int, int], None]

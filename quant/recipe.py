@@ -20,6 +20,8 @@ from .rtn import GRIDS, Grid
 from .weight import Kind, QuantError
 
 Calib = Literal["rtn", "gptq", "pgptq", "awq", "ternary"]
+#: Calibrations that choose codes for a codebook format's table (GGUF IQ4_NL).
+CODEBOOK_CALIBS = ("rtn", "gptq", "pgptq")
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,12 @@ class QuantRecipe:
             raise QuantError(f"skip={self.skip!r} is a string; expected a tuple of patterns",
                              f"write skip=({self.skip!r},)")
         c = get_format(self.format).constraints
-        kind = Kind.TERNARY if self.calib == "ternary" else Kind.UNIFORM
+        kinds = {Kind.TERNARY} if self.calib == "ternary" else {Kind.UNIFORM}
+        if self.calib in CODEBOOK_CALIBS:
+            kinds.add(Kind.CODEBOOK)
         where = f"recipe {self.calib} -> {self.format}"
-        if kind not in c.kinds:
+        if not kinds & set(c.kinds):
+            kind = "/".join(sorted(str(k) for k in kinds))
             raise QuantError(f"{where}: the format stores {[str(k) for k in c.kinds]} weights, "
                              f"not {kind}", "pick a format for this calibration")
         if self.bits not in c.bits:
@@ -151,6 +156,9 @@ PRESETS: dict[str, QuantRecipe] = {
     # GPTQ-calibrated Q4_0 (llama.cpp's block layout); P-GPTQ: see quant/calib/pgptq.py
     "gptq-q4_0": QuantRecipe("gptq", "gguf-q4_0", 4, 32, sym=True),
     "pgptq-q4_0": QuantRecipe("pgptq", "gguf-q4_0", 4, 32, sym=True),
+    # IQ4_NL: Q4_0's 4.5 bits with ggml's 16 non-uniform levels (lower error on real weights)
+    "iq4_nl": QuantRecipe("rtn", "gguf-iq4_nl", 4, 32, sym=True),
+    "gptq-iq4_nl": QuantRecipe("gptq", "gguf-iq4_nl", 4, 32, sym=True),
     # GPTQ with per-tensor GGUF types chosen by measured sensitivity (quant/mix.py) to a mean of
     # 4.9 stored bits per weight over the linears and the (tied) output layer
     "gptq-mix": QuantRecipe("gptq", "gguf-q4_0", 4, 32, sym=True, skip=(), budget=4.9),

@@ -40,6 +40,15 @@ zero points: value = scale*code - min, min = -xmin of the grid's range) go throu
 `fmt.snap_params` (the GGUF K-quants quantise them per 256-weight super-block to fp16 d x 6/8-bit
 sub-scales), and the codes are rounded for the snapped values. A group whose scale snaps to 0
 gets code = zero (value 0; with mins, code 0, value -min).
+
+A codebook format (`constraints.levels`, GGUF IQ4_NL: 16 fixed non-uniform levels, value =
+scale * level) takes one scale per group and the code of the nearest level (ties to the upper
+one, as ggml's best_index_iq4nl). Its scale (`_search_levels`, llama.cpp's
+quantize_row_iq4_nl_impl): the group's value of largest magnitude `m` goes to the table's
+largest-magnitude level `l0`; on the `mse` grid 15 more trial scales map `m` to `l0 + t`, t = -7..7,
+each refit by weighted least squares for its codes, and the fit with the largest `sumqx^2 /
+sumq2` (the smallest weighted error) is kept. Without `importance` the weights are w^2, as
+llama.cpp's without an imatrix.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 import numpy as np
 import torch
 
-from .weight import UNIFORM_BITS, QuantError, QuantizedWeight
+from .weight import UNIFORM_BITS, Kind, QuantError, QuantizedWeight
 
 if TYPE_CHECKING:
     from .formats.base import Format
@@ -221,6 +230,54 @@ def quantize_with_min(w: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,
     return torch.clamp(torch.where(dead, 0.0, q), 0, (1 << bits) - 1).to(torch.uint8)
 
 
+def nearest_level(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """Index (int64, same shape as `x`) of the level of ascending `levels` nearest to each value;
+    a value halfway between two levels takes the upper one (ggml's best_index_iq4nl)."""
+    mids = (levels[1:] + levels[:-1]) / 2
+    return torch.bucketize(x.float().contiguous(), mids, right=True)
+
+
+def quantize_to_levels(w: torch.Tensor, scale: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """Codes uint8 for value = scale * levels[code]: the level nearest to w / scale (the level
+    nearest to 0 where the scale is 0). Broadcasts as quantize_with."""
+    dead = scale == 0
+    x = w.float() / torch.where(dead, 1.0, scale)
+    return nearest_level(torch.where(dead, 0.0, x), levels).to(torch.uint8)
+
+
+def _search_levels(w: torch.Tensor, levels: torch.Tensor, wt: torch.Tensor | None,
+                   search: bool, chunk: int = 16384) -> torch.Tensor:
+    """Scale per row of `w` [rows, cols] for value = scale * level (module docstring); rows are
+    searched `chunk` at a time (16 trials x cols floats each)."""
+    if w.shape[0] > chunk:
+        return torch.cat([_search_levels(w[r:r + chunk], levels,
+                                         None if wt is None else wt[r:r + chunk], search, chunk)
+                          for r in range(0, w.shape[0], chunk)])
+    edge = levels[0] if levels[0].abs() >= levels[-1].abs() else levels[-1]
+    m = w.gather(1, w.abs().argmax(dim=1, keepdim=True))[:, 0]
+    start = m / edge
+    if not search:
+        return start
+    wt = w * w if wt is None else wt
+    safe_m = torch.where(m == 0, torch.tensor(1.0), m)
+    trials = torch.arange(-7, 8, dtype=torch.float32)
+    inv = torch.cat([(-edge / safe_m)[:, None], (edge + trials)[None, :] / safe_m[:, None]], 1)
+    q = levels[nearest_level(inv[:, :, None] * w[:, None, :], levels)]  # [rows, trials, cols]
+    sumqx = (wt[:, None, :] * q * w[:, None, :]).sum(dim=2)
+    sumq2 = (wt[:, None, :] * q * q).sum(dim=2)
+    score = torch.where(sumq2 > 0, sumqx * sumqx / sumq2.clamp_min(1e-30), -1.0)
+    best = score.argmax(dim=1, keepdim=True)
+    fit = (sumqx.gather(1, best) / sumq2.gather(1, best).clamp_min(1e-30))[:, 0]
+    ok = (score.gather(1, best)[:, 0] > 0) & (m != 0)
+    return torch.where(ok, fit, torch.where(m == 0, torch.zeros(()), start))
+
+
+def format_levels(fmt: Format | None) -> torch.Tensor | None:
+    """A codebook format's table of levels, float32 [2^bits]; None for every other format."""
+    lv = None if fmt is None else fmt.constraints.levels
+    return None if lv is None else torch.tensor(lv, dtype=torch.float32)
+
+
 def resolve_format(fmt: Format | str | None) -> Format | None:
     """A format instance from a format or its registered name (None stays None)."""
     if fmt is None or not isinstance(fmt, str):
@@ -257,6 +314,14 @@ def group_params(w: torch.Tensor, bits: int, size: int, sym: bool, *,
     imp = None
     if importance is not None:
         imp = importance.float().reshape(1, n, size).expand(rows, -1, -1).reshape(-1, size)
+    levels = format_levels(fmt)
+    if levels is not None:
+        scale = _search_levels(groups, levels, None if imp is None else imp.clamp_min(0),
+                               grid == "mse")
+        if scale_dtype is not None:
+            scale = scale.to(scale_dtype).float()
+        zero = torch.full((rows, n), float(1 << (bits - 1)))
+        return scale.reshape(rows, n), zero, None
     if fmt is not None and fmt.constraints.float_mins:
         scale, low = _scale_min(groups, bits, grid, imp)
         if scale_dtype is not None:
@@ -293,10 +358,14 @@ def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = 
     scale, zero, low = group_params(w, bits, size, sym, scale_dtype=scale_dtype, grid=grid,
                                     importance=importance, fmt=fmt)
     groups = w.float().reshape(out, inp // size, size)
-    if low is not None:
+    levels = format_levels(resolve_format(fmt))
+    if levels is not None:
+        codes = quantize_to_levels(groups, scale[..., None], levels)
+    elif low is not None:
         codes = quantize_with_min(groups, scale[..., None], low[..., None], bits)
     else:
         codes = quantize_with(groups, scale[..., None], zero[..., None], bits)
     return QuantizedWeight(codes=codes.reshape(out, inp), scales=scale,
                            zeros=zero.to(torch.int32), bits=bits, group_size=group_size,
-                           sym=sym, name=name, mins=low)
+                           sym=sym, name=name, mins=low, levels=levels,
+                           kind=Kind.UNIFORM if levels is None else Kind.CODEBOOK)

@@ -22,6 +22,12 @@ definition `W[o, k] = scales[o, g] * codes[o, k] - mins[o, g]` (fp32: one roundi
 one in the difference, as ggml's dequantize_row_q4_K); such a weight is asymmetric and its
 `zeros` are all 0 (unused). Every other weight has `mins=None`.
 
+Codebook weights (`kind="codebook"`, GGUF IQ4_NL: a fixed non-uniform table of 16 levels) carry
+`levels` float32 `[2^bits]`, ascending, and the definition `W[o, k] = scales[o, g] *
+levels[codes[o, k]]` (fp32: one rounding in the product, as ggml's dequantize_row_iq4_nl); such a
+weight is symmetric with every zero point `2^(bits-1)` (unused). Every other weight has
+`levels=None`.
+
 `group_size=-1` means one group per row. Scales may be negative only when they come from a file
 that stores them so (ggml's Q4_0 writes `d = max / -8`); ArkInfer's quantisers write scales >= 0.
 """
@@ -44,10 +50,12 @@ class QuantError(ArkError):
 
 
 class Kind(StrEnum):
-    """What the integer codes mean: a uniform grid, or trits (ternary)."""
+    """What the integer codes mean: a uniform grid, trits (ternary), or indices into a fixed table
+    of levels (codebook)."""
 
     UNIFORM = "uniform"
     TERNARY = "ternary"
+    CODEBOOK = "codebook"
 
 
 def _fail(what: str, hint: str) -> QuantError:
@@ -72,12 +80,14 @@ class QuantizedWeight:
     kind: Kind = Kind.UNIFORM
     name: str = field(default="", compare=False)  # layer name, used in error messages only
     mins: torch.Tensor | None = None  # float32 [out, n_groups]: value = scale*code - min
+    levels: torch.Tensor | None = None  # float32 [2^bits] (codebook): value = scale*levels[code]
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         if self.kind not in tuple(Kind):
             raise QuantError(f"kind={self.kind!r} of quantised weight {self.name!r} is unknown; "
-                             f"allowed {[str(k) for k in Kind]}", "use Kind.UNIFORM or Kind.TERNARY")
+                             f"allowed {[str(k) for k in Kind]}",
+                             "use Kind.UNIFORM, Kind.TERNARY or Kind.CODEBOOK")
         set_(self, "kind", Kind(self.kind))
         set_(self, "codes", _as_tensor(self.codes, torch.uint8, "codes", self.name))
         set_(self, "scales", _as_tensor(self.scales, torch.float32, "scales", self.name))
@@ -86,6 +96,8 @@ class QuantizedWeight:
             set_(self, "g_idx", _as_tensor(self.g_idx, torch.int32, "g_idx", self.name))
         if self.mins is not None:
             set_(self, "mins", _as_tensor(self.mins, torch.float32, "mins", self.name))
+        if self.levels is not None:
+            set_(self, "levels", _as_tensor(self.levels, torch.float32, "levels", self.name))
         self._validate()
         if self.g_idx is not None and torch.equal(self.g_idx, self._static_g_idx()):
             set_(self, "g_idx", None)
@@ -143,6 +155,12 @@ class QuantizedWeight:
                         "clamp zero points to the code range")
         if self.mins is not None:
             self._validate_mins(who, out, n_groups)
+        if (self.levels is not None) != (self.kind is Kind.CODEBOOK):
+            raise _fail(f"{who} is {self.kind} with levels={'set' if self.levels is not None else None};"
+                        " a table of levels goes with kind=codebook and only with it",
+                        "pass kind=Kind.CODEBOOK with levels, or neither")
+        if self.levels is not None:
+            self._validate_levels(who)
         if self.g_idx is not None:
             if tuple(self.g_idx.shape) != (inp,):
                 raise _fail(f"g_idx of {who} has shape {tuple(self.g_idx.shape)}; expected [{inp}]",
@@ -164,6 +182,18 @@ class QuantizedWeight:
                         "scale*code - min and zeros must all be 0", "pass zeros of 0")
         if not bool(torch.isfinite(self.mins).all()):
             raise _fail(f"mins of {who} contain inf or nan", "check the weight for inf/nan")
+
+    def _validate_levels(self, who: str) -> None:
+        lv = self.levels
+        if tuple(lv.shape) != (1 << self.bits,):
+            raise _fail(f"levels of {who} have shape {tuple(lv.shape)}; expected [{1 << self.bits}]"
+                        f" for {self.bits}-bit codes", "give one level per code")
+        if not bool(torch.isfinite(lv).all()) or not bool((lv[1:] > lv[:-1]).all()):
+            raise _fail(f"levels of {who} are not finite and strictly ascending: {lv.tolist()}",
+                        "sort the table")
+        if not self.sym:
+            raise _fail(f"{who} is a codebook weight with sym=False; its value is scale*level "
+                        "(no zero point)", "pass sym=True")
 
     # ------------------------------------------------------------------------------- shape info
     @property
@@ -198,18 +228,22 @@ class QuantizedWeight:
         gi = self.group_index()
         if self.mins is not None:
             return self.scales[:, gi] * self.codes.float() - self.mins[:, gi]
+        if self.levels is not None:
+            return self.scales[:, gi] * self.levels[self.codes.long()]
         diff = self.codes.float() - self.zeros.float()[:, gi]
         return self.scales[:, gi] * diff
 
     def numpy(self) -> dict[str, np.ndarray]:
         """codes uint8 [out, in], scales float32 and zeros int32 [out, n_groups], g_idx int32 [in]
         (static grouping written out when g_idx is None); mins float32 [out, n_groups] too when
-        the weight has them."""
+        the weight has them; levels float32 [2^bits] for a codebook weight."""
         gi = self.g_idx if self.g_idx is not None else self._static_g_idx()
         out = {"codes": self.codes.numpy(), "scales": self.scales.numpy(),
                "zeros": self.zeros.numpy(), "g_idx": gi.numpy()}
         if self.mins is not None:
             out["mins"] = self.mins.numpy()
+        if self.levels is not None:
+            out["levels"] = self.levels.numpy()
         return out
 
     def equals(self, other: QuantizedWeight) -> bool:
@@ -221,14 +255,25 @@ class QuantizedWeight:
             other.bits, other.group_size, other.sym, other.kind) and same_gidx and torch.equal(
             self.codes, other.codes) and torch.equal(self.zeros, other.zeros) and torch.equal(
             self.scales.view(torch.int32), other.scales.view(torch.int32)) and _same_mins(
-            self.mins, other.mins)
+            self.mins, other.mins) and _same_mins(self.levels, other.levels)
 
     def cast_scales(self, dtype: torch.dtype) -> QuantizedWeight:
         """Same codes and zeros with scales rounded through `dtype` (e.g. torch.float16), so the
         weight fits formats that store fp16 scales. Adds error; the build records how much."""
         return QuantizedWeight(self.codes, self.scales.to(dtype).float(), self.zeros, self.bits,
                                self.group_size, self.sym, self.g_idx, self.kind, self.name,
-                               None if self.mins is None else self.mins.to(dtype).float())
+                               None if self.mins is None else self.mins.to(dtype).float(),
+                               self.levels)
+
+    def rows(self, r0: int, r1: int, name: str = "") -> QuantizedWeight:
+        """Output rows r0 .. r1 as their own weight (copies: formats save each linear apart)."""
+        def part(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[r0:r1].clone()
+        return QuantizedWeight(part(self.codes), part(self.scales), part(self.zeros), self.bits,
+                               self.group_size, self.sym,
+                               None if self.g_idx is None else self.g_idx.clone(), self.kind,
+                               name or self.name, part(self.mins),
+                               None if self.levels is None else self.levels.clone())
 
     def __repr__(self) -> str:
         order = (", act_order" if self.act_order else "") + (", mins" if self.mins is not None

@@ -118,16 +118,17 @@ def command(
         "--act-order no g_idx is needed, so formats without one (gguf-q4_0, awq, mlx) take "
         "act-order.")] = False,
     fmt: Annotated[str | None, typer.Option("--format", help="Storage format: gptq, marlin, awq, "
-                                            "gguf-q4_0, gguf-q5_0, gguf-q4_k, gguf-q6_k, "
-                                            "gguf-tq2_0, mlx, ort, ...")] = None,
+                                            "gguf-q4_0, gguf-iq4_nl, gguf-q5_0, gguf-q4_k, "
+                                            "gguf-q6_k, gguf-tq2_0, mlx, ort, ...")] = None,
     preset: Annotated[str | None, typer.Option("--preset", help="Named recipe: marlin, gptq, "
-                                               "awq, q4_0, gptq-q4_0, gptq-mix, ternary, ...")
+                                               "awq, q4_0, gptq-q4_0, gptq-iq4_nl, gptq-mix, "
+                                               "ternary, ...")
                       ] = None,
     budget: Annotated[float | None, typer.Option(
         "--budget", help="Mixed precision: mean stored bits per weight over the linears and the "
         "output layer (4.0-8.5). Each tensor's sensitivity is measured on the calibration text "
-        "(Fisher information of the model's own predictions) and the GGUF types Q4_0, Q4_K, "
-        "Q5_0, Q5_K, Q6_K and Q8_0 are allotted to fit (docs/quant.md §12). The gptq-mix preset "
+        "(Fisher information of the model's own predictions) and the GGUF types Q4_0, IQ4_NL, "
+        "Q4_K, Q5_0, Q5_K, Q6_K and Q8_0 are allotted to fit (docs/quant.md §12). The gptq-mix preset "
         "uses 4.9; e.g. --preset gptq-mix --budget 5.2 --act-order --static-groups.")] = None,
     calib: CalibOpt = None,
     samples: Annotated[int, typer.Option("--samples", help="Calibration sequences.")] = 128,

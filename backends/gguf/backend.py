@@ -21,7 +21,7 @@ from typing import Any
 from arkinfer.backend import BackendBase, BackendOption, LowerRequest, LowerResult
 from arkinfer.errors import TargetError
 
-FORMATS = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-tq1_0", "gguf-tq2_0")
+FORMATS = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-iq4_nl", "gguf-tq1_0", "gguf-tq2_0")
 DEFAULT_N_CTX = 2048
 # `--option KEY=VALUE` (plan.py reads them, lower-cased; README.md's type table explains them)
 OPTIONS = {

@@ -39,7 +39,8 @@ FILE_TYPES = {GGMLType.F32: "ALL_F32", GGMLType.F16: "MOSTLY_F16", GGMLType.BF16
               GGMLType.Q8_0: "MOSTLY_Q8_0", GGMLType.TQ1_0: "MOSTLY_TQ1_0",
               GGMLType.TQ2_0: "MOSTLY_TQ2_0", GGMLType.Q5_0: "MOSTLY_Q5_0",
               GGMLType.Q5_1: "MOSTLY_Q5_1", GGMLType.Q4_K: "MOSTLY_Q4_K_M",
-              GGMLType.Q5_K: "MOSTLY_Q5_K_M", GGMLType.Q6_K: "MOSTLY_Q6_K"}
+              GGMLType.Q5_K: "MOSTLY_Q5_K_M", GGMLType.Q6_K: "MOSTLY_Q6_K",
+              GGMLType.IQ4_NL: "MOSTLY_IQ4_NL"}
 
 
 def spec_for_model_type(model_type: str) -> ArchSpec:

@@ -82,7 +82,8 @@ def packed_format(ckpt: Checkpoint) -> tuple[str | None, GGMLType | None]:
     if qtype is None:
         raise ArkError(f"{ckpt.path} is quantised in the {name!r} format, which GGUF cannot hold",
                        hint="quantise with a GGUF block format: --format gguf-q4_0, gguf-q4_1, "
-                       "gguf-q8_0, gguf-tq1_0 or gguf-tq2_0 (or build from the float checkpoint)")
+                       "gguf-q8_0, gguf-iq4_nl, gguf-tq1_0 or gguf-tq2_0 (or build from the float "
+                       "checkpoint)")
     return name, GGMLType(int(qtype))
 
 

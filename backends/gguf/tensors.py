@@ -15,7 +15,7 @@ Type rules (see README.md):
   quantiser left in float are quantised to the recipe's type by ggml's reference quantiser.
 - a type whose block does not divide the row falls back along `FALLBACK` (llama.cpp's own
   choices in llama-quantize: TQ -> Q4_0 -> F16, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,
-  Q5_0 / Q5_1 -> F16); every fallback is reported.
+  Q5_0 / Q5_1 / IQ4_NL -> F16); every fallback is reported.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ FLOAT_TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16}
 FALLBACK = {GGMLType.TQ1_0: GGMLType.Q4_0, GGMLType.TQ2_0: GGMLType.Q4_0,
             GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0,
             GGMLType.Q4_0: GGMLType.F16, GGMLType.Q4_1: GGMLType.F16, GGMLType.Q5_0: GGMLType.F16,
-            GGMLType.Q5_1: GGMLType.F16, GGMLType.Q8_0: GGMLType.F16}
+            GGMLType.Q5_1: GGMLType.F16, GGMLType.Q8_0: GGMLType.F16,
+            GGMLType.IQ4_NL: GGMLType.F16}
 EMBED_TYPE = GGMLType.Q8_0
 _F16_MAX = 65504.0
 

@@ -22,7 +22,8 @@ With a storage format `fmt` whose parameters are quantised (GGUF K-quants: sub-s
 code is chosen: with static groups all at once; otherwise per super-block when its first column
 is reached (from the error-compensated weights, as a group's parameters otherwise), so GPTQ's
 codes and error feedback use exactly the values the format stores. Float-min formats (Q4_K /
-Q5_K) round `clamp(round((w + min) / scale))` and feed back `w - (scale*q - min)`.
+Q5_K) round `clamp(round((w + min) / scale))` and feed back `w - (scale*q - min)`; codebook
+formats (IQ4_NL) take the nearest level and feed back `w - scale * level`.
 
 The block size is adjusted so a group never straddles a block boundary except at a block start
 (then the group's parameters read fully updated weights), which keeps the blocked algorithm equal,
@@ -38,8 +39,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..rtn import Grid, find_params, group_params, quantize_rtn, resolve_format
-from ..weight import UNIFORM_BITS, QuantError, QuantizedWeight
+from ..rtn import (
+    Grid,
+    find_params,
+    format_levels,
+    group_params,
+    nearest_level,
+    quantize_rtn,
+    resolve_format,
+)
+from ..weight import UNIFORM_BITS, Kind, QuantError, QuantizedWeight
 from .base import BlockCalibrator, BlockResult, CalibContext
 from .block import SEQUENTIAL_GROUPS, BlockRunner
 from .hessian import prefix_split
@@ -192,7 +201,9 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
         if not static:
             g_idx = (inv // size).to(torch.int32)  # column k sits at permuted position inv[k]
     qw = QuantizedWeight(codes=codes, scales=scales, zeros=zeros.to(torch.int32), bits=bits,
-                         group_size=group_size, sym=sym, g_idx=g_idx, name=name, mins=mins)
+                         group_size=group_size, sym=sym, g_idx=g_idx, name=name, mins=mins,
+                         levels=params.levels,
+                         kind=Kind.UNIFORM if params.levels is None else Kind.CODEBOOK)
     return GPTQResult(qw, damp_used, int(dead.sum()), float(loss))
 
 
@@ -219,6 +230,11 @@ class _Params:
     size: int
     span: int
     fmt: object = None
+
+    @property
+    def levels(self) -> Tensor | None:
+        """The codebook format's table of levels (value = scale * level), else None."""
+        return format_levels(self.fmt)
 
     def fill(self, src: Tensor, c: int, bits: int, sym: bool, scale_dtype: torch.dtype | None,
              grid: Grid, importance: Tensor) -> None:
@@ -250,6 +266,7 @@ def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, params: _Params, static
     errors = torch.empty_like(W1)
     s = z = m = None
     size, span, snapped = params.size, params.span, params.fmt is not None
+    levels = params.levels
     for i in range(i2 - i1):
         c = i1 + i
         if not static and c % span == 0:
@@ -263,7 +280,10 @@ def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, params: _Params, static
                 dead = s == 0
                 s_div = torch.where(dead, 1.0, s)
         col = W1[i]
-        if m is not None:  # rtn.quantize_with_min: value = s*q - m
+        if levels is not None:  # rtn.quantize_to_levels: value = s * levels[q]
+            q = nearest_level(torch.where(dead, 0.0, col.float() / s_div), levels)
+            deq = s * levels[q]
+        elif m is not None:  # rtn.quantize_with_min: value = s*q - m
             q = torch.clamp(torch.where(dead, 0.0, torch.round((col.float() + m) / s_div)),
                             0, maxq)
             deq = s * q - m
@@ -356,11 +376,7 @@ class GPTQCalibrator(BlockCalibrator):
             r1 = r0 + w.shape[0]
             # own copies: the formats save each linear's tensors apart (safetensors refuses
             # tensors that share memory)
-            part = QuantizedWeight(qw.codes[r0:r1].clone(), qw.scales[r0:r1].clone(),
-                                   qw.zeros[r0:r1].clone(), qw.bits, qw.group_size, qw.sym,
-                                   g_idx=None if qw.g_idx is None else qw.g_idx.clone(),
-                                   kind=qw.kind, name=runner.full(name),
-                                   mins=None if qw.mins is None else qw.mins[r0:r1].clone())
+            part = qw.rows(r0, r1, runner.full(name))
             out.append((name, GPTQResult(part, stacked.damp, stacked.dead_columns,
                                          stacked.loss)))
             r0 = r1

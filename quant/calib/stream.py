@@ -87,6 +87,8 @@ def save_weights(path: Path, quantized: dict[str, QuantizedWeight], floats: dict
             tensors[f"{name}.g_idx"] = qw.g_idx
         if qw.mins is not None:
             tensors[f"{name}.mins"] = qw.mins
+        if qw.levels is not None:
+            tensors[f"{name}.levels"] = qw.levels.clone()  # safetensors refuses shared memory
         meta["linears"][name] = {"bits": qw.bits, "group_size": qw.group_size, "sym": qw.sym,
                                  "kind": str(qw.kind)}
     for name, t in floats.items():
@@ -106,7 +108,8 @@ def load_weights(path: Path) -> tuple[dict[str, QuantizedWeight], dict[str, Tens
                 f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scales"),
                 f.get_tensor(f"{name}.zeros"), m["bits"], m["group_size"], m["sym"], g_idx,
                 Kind(m["kind"]), name,
-                mins=f.get_tensor(f"{name}.mins") if f"{name}.mins" in keys else None)
+                mins=f.get_tensor(f"{name}.mins") if f"{name}.mins" in keys else None,
+                levels=f.get_tensor(f"{name}.levels") if f"{name}.levels" in keys else None)
         floats = {n: f.get_tensor(n) for n in meta["floats"]}
     return quantized, floats, meta["info"]
 

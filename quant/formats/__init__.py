@@ -6,8 +6,9 @@
     tensors = fmt.pack(qw)                           # {"B": int32 [k/16, 2n], "s": fp16 [...]}
     assert fmt.unpack(tensors, qw.out_features, qw.in_features, group_size=128).equals(qw)
 
-Registered: gptq, awq, marlin, gguf-q4_0, gguf-q4_1, gguf-q8_0, gguf-tq1_0, gguf-tq2_0, mlx, ort,
-onnx-qdq, ternary. Each one's `constraints` (bits, group sizes, sym, act-order, shape rules) is data.
+Registered: gptq, awq, marlin, gguf-q4_0, gguf-q4_1, gguf-q5_0, gguf-q5_1, gguf-q8_0, gguf-iq4_nl,
+gguf-q4_k, gguf-q5_k, gguf-q6_k, gguf-tq1_0, gguf-tq2_0, mlx, ort, onnx-qdq, ternary. Each one's `constraints` (bits, group sizes, sym, act-order, shape rules) is
+data.
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ class Constraints:
     float_mins: the format stores a float minimum per group (value = scale*code - min, GGUF
         Q4_K / Q5_K) instead of an integer zero point: weights must carry `mins`, and only
         these formats accept weights with `mins`.
+    levels: a codebook format's fixed table (GGUF IQ4_NL: 16 non-uniform levels, value =
+        scale * level); its weights are `Kind.CODEBOOK` and carry exactly this table.
     super_block: consecutive input columns whose group parameters are quantised together
         (GGUF K-quants: 256); `snap_params` needs all of them at once.
     """
@@ -61,6 +63,7 @@ class Constraints:
     shared_scale_block: int | None = None
     float_mins: bool = False
     super_block: int | None = None
+    levels: tuple[float, ...] | None = None
     notes: str = ""
 
     def in_step(self, bits: int, group_size: int) -> int:
@@ -143,6 +146,11 @@ class Format:
             if not (per_col == per_col[..., :1]).all():
                 raise refuse(f"scales differ inside a {block}-column block (group_size="
                              f"{qw.group_size})", "ternarise with group_size='row' or 'tensor'")
+        if c.levels is not None and qw.levels is not None and \
+                qw.levels.tolist() != [float(v) for v in c.levels]:
+            raise refuse(f"the weight's levels {qw.levels.tolist()} are not the format's table "
+                         f"{list(c.levels)}", f"quantise with quantize_rtn(..., fmt={self.name!r})"
+                         f" or gptq_quantize(..., fmt={self.name!r})")
         self._check_extra(qw, refuse)
 
     # ------------------------------------------------------------ facts without any values

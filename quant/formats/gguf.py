@@ -1,5 +1,5 @@
 """GGUF block types as storage formats: gguf-q4_0, gguf-q4_1, gguf-q5_0, gguf-q5_1, gguf-q8_0,
-gguf-q4_k, gguf-q5_k, gguf-q6_k, gguf-tq1_0, gguf-tq2_0.
+gguf-iq4_nl, gguf-q4_k, gguf-q5_k, gguf-q6_k, gguf-tq1_0, gguf-tq2_0.
 
 `pack(qw)` -> {"weight": uint8 [out, in / block * block_bytes]}: the ggml tensor's bytes, one row
 per output feature (ggml ne0 = in_features); `config(qw)["ggml_type"]` is the type id. Byte
@@ -15,6 +15,10 @@ layouts and ggml's own quantisers: gguf_blocks.py. Canonical <-> block mapping:
   rounding (e.g. ggml's own Q4_1 blocks, whose m is the block minimum): dequantise those with
   `dequantize_gguf` instead.
 - Q5_0 / Q5_1: as Q4_0 / Q4_1 with 5-bit codes (zero 16 when symmetric; Q5_1's m as Q4_1's).
+- IQ4_NL: a codebook weight (Kind.CODEBOOK), 4-bit, group 32: code = q, d = scale, levels =
+  ggml's kvalues_iq4nl; ggml's d · table[q] is the canonical scale · levels[code] bit for bit.
+  Quantise with `quantize_rtn(..., fmt="gguf-iq4_nl")` / `gptq_quantize(..., fmt=...)`, which
+  pick the nearest level for a searched scale (rtn.py).
 - Q6_K: sym 6-bit, group 16, zero 32; the 16 scales of each 256-weight super-block must be
   fp16 d · int8 sc (ggml's (d·sc)·(q - 32) is then the canonical value bit for bit).
 - Q4_K / Q5_K: 4 / 5-bit, group 32, weights with float `mins` (value = scale·q - min); the 8
@@ -41,6 +45,7 @@ from . import register
 from .base import Constraints, Format, FormatError, expect_shape, require
 from .gguf_blocks import (
     BLOCK,
+    KVALUES_IQ4NL,
     GGMLType,
     decode_q4,
     decode_q5,
@@ -73,7 +78,8 @@ class GGUFBlockFormat(Format):
 
     def nbytes(self, out_features: int, in_features: int, *, bits: int, group_size: int,
                sym: bool) -> int:
-        """Whole ggml blocks: N·K/weights_per_block blocks of the type's byte size (Q4_0 32 / 18,
+        """Whole ggml blocks: N·K/weights_per_block blocks of the type's byte size (Q4_0 and
+        IQ4_NL 32 / 18,
         Q4_1 32 / 20, Q5_0 32 / 22, Q5_1 32 / 24, Q8_0 32 / 34, Q4_K 256 / 144, Q5_K 256 / 176,
         Q6_K 256 / 210, TQ1_0 256 / 54, TQ2_0 256 / 66)."""
         per_block, block_bytes = self.block
@@ -133,9 +139,11 @@ class _Q4_0(GGUFBlockFormat):
     def _decode(self, rows: np.ndarray, out: int, inp: int, group_size: int | None,
                 sym: bool | None) -> QuantizedWeight:
         q, d = decode_q4(rows, with_min=False)
+        levels = self.constraints.levels  # IQ4_NL: the same bytes, codes index a table
         return QuantizedWeight(codes=q.reshape(out, inp), scales=d.reshape(out, -1),
                                zeros=np.full((out, inp // 32), 8, np.int32), bits=4,
-                               group_size=32, sym=True)
+                               group_size=32, sym=True, kind=self.constraints.kinds[0],
+                               levels=None if levels is None else np.asarray(levels, np.float32))
 
 
 class _Q8_0(GGUFBlockFormat):
@@ -210,6 +218,16 @@ class _Q5_1(_Q4_1):
     constraints = Constraints(bits=(5,), group_sizes=(32,), sym=(True, False), in_multiple=32,
                               notes="m = fp16(-scale * zero): ggml's q*d + m rounds m")
     bits_ = 5
+
+
+class _IQ4_NL(_Q4_0):
+    """Q4_0's bytes; the code indexes ggml's table instead of a uniform grid."""
+
+    name, ggml_type = "gguf-iq4_nl", GGMLType.IQ4_NL
+    constraints = Constraints(bits=(4,), group_sizes=(32,), sym=(True,), in_multiple=32,
+                              kinds=(Kind.CODEBOOK,),
+                              levels=tuple(float(v) for v in KVALUES_IQ4NL),
+                              notes="16 fixed non-uniform levels: value = d * kvalues_iq4nl[q]")
 
 
 class _KQuant(GGUFBlockFormat):
@@ -346,6 +364,7 @@ Q4_1 = register(_Q4_1())
 Q8_0 = register(_Q8_0())
 Q5_0 = register(_Q5_0())
 Q5_1 = register(_Q5_1())
+IQ4_NL = register(_IQ4_NL())
 Q4_K = register(_Q4_K())
 Q5_K = register(_Q5_K())
 Q6_K = register(_Q6_K())

@@ -15,6 +15,8 @@ Bytes exactly as ggml (`ggml-quants.c`), little-endian, one row = consecutive bl
                                                               value (d * sc) * q - (dmin * m)
     Q5_K  (256 w, 176 B): as Q4_K with 32 B qh after the scales: bit j of qh[l] is the 5th bit
                          of weight 32j + l                     value (d * sc) * q - (dmin * m)
+    IQ4_NL (32 w, 18 B): fp16 d | 16 B as Q4_0; q indexes the fixed table KVALUES_IQ4NL
+                         (-127 .. 113, non-uniform)                          value d * table[q]
     Q6_K  (256 w, 210 B): 128 B ql | 64 B qh | 16 x int8 sc | fp16 d; 16 sub-blocks of 16; in
                          each 128-weight half h: ql[64h + l] = low nibbles of weights l | l + 64,
                          qh[32h + l] bits 2k = high 2 bits of weight 32k + l   value (d*sc)*(q-32)
@@ -49,6 +51,7 @@ class GGMLType(IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    IQ4_NL = 20
     BF16 = 30
     TQ1_0 = 34
     TQ2_0 = 35
@@ -59,9 +62,12 @@ BLOCK: dict[GGMLType, tuple[int, int]] = {
     GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.BF16: (1, 2),
     GGMLType.Q4_0: (32, 18), GGMLType.Q4_1: (32, 20), GGMLType.Q8_0: (32, 34),
     GGMLType.Q5_0: (32, 22), GGMLType.Q5_1: (32, 24), GGMLType.Q4_K: (256, 144),
-    GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210),
+    GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210), GGMLType.IQ4_NL: (32, 18),
     GGMLType.TQ1_0: (256, 54), GGMLType.TQ2_0: (256, 66),
 }
+#: IQ4_NL's 16 levels (ggml-common.h kvalues_iq4nl): value = d * KVALUES_IQ4NL[q].
+KVALUES_IQ4NL: tuple[int, ...] = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
+                                  89, 113)
 _POW3 = np.array([81, 27, 9, 3, 1], dtype=np.uint16)
 
 
@@ -368,7 +374,7 @@ def quantize_gguf(w: np.ndarray, qtype: GGMLType | int) -> bytes:
         q = np.trunc((b - lo[:, None]) * _inverse(d)[:, None] + np.float32(0.5))
         encode = encode_q4 if top == 15 else encode_q5
         return encode(np.clip(q, 0, top), d, lo).tobytes()
-    if qtype in K_QUANTS:
+    if qtype in K_QUANTS or qtype is GGMLType.IQ4_NL:
         return _quantize_k(x, qtype)
     # TQ1_0 / TQ2_0: d = absmax of the 256-block, trit = roundf(x / d)
     d = np.abs(b).max(axis=1)
@@ -381,10 +387,10 @@ K_QUANTS = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 
 
 def _quantize_k(x: np.ndarray, qtype: GGMLType) -> bytes:
-    """A K-quant of float32 rows `x` [..., n]: llama.cpp's own quantiser (ggml's
+    """A K-quant (or IQ4_NL) of float32 rows `x` [..., n]: llama.cpp's own quantiser (ggml's
     `quantize_row_*_ref`, through the libggml that llama-cpp-python ships) when it is installed,
-    so the bytes are llama-quantize's; otherwise ArkInfer's RTN K-quant (rtn.quantize_rtn with
-    the format's sub-scale snapping: same layout, a different parameter search)."""
+    so the bytes are llama-quantize's; otherwise ArkInfer's RTN (rtn.quantize_rtn with the
+    format's sub-scale snapping or table: same layout, a different parameter search)."""
     from .ggml_native import ggml_quantize
 
     rows = x.reshape(-1, x.shape[-1])
@@ -397,7 +403,7 @@ def _quantize_k(x: np.ndarray, qtype: GGMLType) -> bytes:
     from . import get_format
 
     name = {GGMLType.Q4_K: "gguf-q4_k", GGMLType.Q5_K: "gguf-q5_k",
-            GGMLType.Q6_K: "gguf-q6_k"}[qtype]
+            GGMLType.Q6_K: "gguf-q6_k", GGMLType.IQ4_NL: "gguf-iq4_nl"}[qtype]
     fmt = get_format(name)
     c = fmt.constraints
     qw = quantize_rtn(torch.from_numpy(np.ascontiguousarray(rows)), c.bits[0], c.group_sizes[0],
@@ -434,6 +440,9 @@ def dequantize_gguf(data: bytes | np.ndarray, qtype: GGMLType | int, n: int) -> 
         scale = (d[:, None] * sc.astype(np.float32)).repeat(32, axis=1)
         low = (dmin[:, None] * m.astype(np.float32)).repeat(32, axis=1)
         vals = scale * q.astype(np.float32) - low
+    elif qtype is GGMLType.IQ4_NL:
+        q, d = decode_q4(blocks, with_min=False)
+        vals = d[:, None] * np.asarray(KVALUES_IQ4NL, np.float32)[q]
     elif qtype is GGMLType.Q6_K:
         q, d, sc = decode_q6_k(blocks)
         scale = (d[:, None] * sc.astype(np.float32)).repeat(16, axis=1)

@@ -60,7 +60,9 @@ def canonical_weights(draw: st.DrawFn, fmt: Format) -> QuantizedWeight:
     g_idx = None
     if c.act_order and group != -1 and n_groups > 1 and draw(st.booleans()):
         g_idx = (np.arange(inp) // group)[rng.permutation(inp)].astype(np.int32)
-    return QuantizedWeight(codes, scales, zeros, bits, group, sym, g_idx, kind, mins=mins)
+    levels = None if c.levels is None else np.asarray(c.levels, np.float32)  # codebook (IQ4_NL)
+    return QuantizedWeight(codes, scales, zeros, bits, group, sym, g_idx, kind, mins=mins,
+                           levels=levels)
 
 
 def _roundtrip(fmt: Format, qw: QuantizedWeight) -> None:

@@ -1,4 +1,5 @@
-"""GGUF Q5_0 / Q5_1 and the K-quants (Q4_K, Q5_K, Q6_K) written from calibrated codes.
+"""GGUF Q5_0 / Q5_1 and the K-quants (Q4_K, Q5_K, Q6_K) written from calibrated codes (IQ4_NL:
+test_quant_iq4_nl.py; it joins the llama.cpp end-to-end model here).
 
 References: gguf-py's numpy dequantisers (`gguf.quants.dequantize`, an implementation apart from
 ArkInfer's), llama.cpp's own quantiser (`ggml_quantize_chunk` in the libggml llama-cpp-python
@@ -242,8 +243,8 @@ def _write_mixed(src, dst, replace: dict[str, tuple[np.ndarray, str]]) -> None:
 
 @pytest.mark.llamacpp
 def test_llamacpp_runs_kquant_layers_like_the_reference(tmp_path):
-    """A tiny llama (hidden 256) with its linears in Q4_K, Q5_K, Q6_K and Q5_0 (RTN and GPTQ):
-    llama.cpp's logits on that GGUF are much closer to ArkInfer's reference model run on the
+    """A tiny llama (hidden 256) with its linears in Q4_K, Q5_K, Q6_K, Q5_0 and IQ4_NL (RTN and
+    GPTQ): llama.cpp's logits on that GGUF are much closer to ArkInfer's reference model run on the
     canonical dequantised weights than to the float model. What remains is llama.cpp's 8-bit
     rounding of the activations (Q8_K / Q8_0 dot products): here about 0.09 in the logits, the
     size it has for llama.cpp's own Q8_0 blocks too, against a quantisation gap of about 0.47;
@@ -262,7 +263,7 @@ def test_llamacpp_runs_kquant_layers_like_the_reference(tmp_path):
     _, model = load(tmp_path / "hf")
     choice = {"self_attn.q_proj": ("gguf-q4_k", "rtn"), "self_attn.k_proj": ("gguf-q5_k", "rtn"),
               "self_attn.v_proj": ("gguf-q6_k", "gptq"), "self_attn.o_proj": ("gguf-q5_0", "rtn"),
-              "mlp.gate_proj": ("gguf-q4_k", "gptq"), "mlp.up_proj": ("gguf-q6_k", "rtn"),
+              "mlp.gate_proj": ("gguf-q4_k", "gptq"), "mlp.up_proj": ("gguf-iq4_nl", "gptq"),
               "mlp.down_proj": ("gguf-q5_k", "gptq")}
     gguf_names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                   "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -295,7 +296,7 @@ def test_llamacpp_runs_kquant_layers_like_the_reference(tmp_path):
     dst = tmp_path / "mixed.gguf"
     _write_mixed(src, dst, replace)
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(dst)).tensors}
-    assert {types[k] for k in replace} == {"Q4_K", "Q5_K", "Q6_K", "Q5_0"}
+    assert {types[k] for k in replace} == {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "IQ4_NL"}
     llm = llama_cpp.Llama(str(dst), logits_all=True, n_ctx=64, n_threads=1, verbose=False)
     llm.eval(ids)
     got = np.asarray(llm.scores[: len(ids)], dtype=np.float64)

@@ -121,7 +121,7 @@ def _qw(**kw):
     ({"scales": np.full((4, 2), np.inf, np.float32)}, r"inf or nan"),
     ({"g_idx": np.full(64, 2, np.int32)}, r"g_idx .*spans 2..2; allowed 0..1"),
     ({"codes": np.zeros((4, 64), np.float32)}, r"integer dtype"),
-    ({"kind": "binary"}, r"kind='binary' .*unknown; allowed \['uniform', 'ternary'\]"),
+    ({"kind": "binary"}, r"kind='binary' .*unknown; allowed \['uniform', 'ternary', 'codebook'\]"),
 ])
 def test_weight_validation_names_the_bad_value(kw: dict, message: str) -> None:
     with pytest.raises(QuantError, match=message):
