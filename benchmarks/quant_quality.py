@@ -60,6 +60,7 @@ class Row:
     options: dict = field(default_factory=dict)
     calib: str | None = None  # None: the built-in corpus
     runtime: str = "gguf"  # "gguf": lowered to a GGUF and run by llama.cpp; "torch"
+    floor: float | None = None  # mixed precision's Fisher floor (quant.mix.FLOOR) for ablations
 
 
 ACT = {"act_order": True, "static_groups": True}  # act-order with group scales fixed first
@@ -91,6 +92,12 @@ ROWS = {
     "gptq-mix-5.5": Row("the same at <= 5.5 bits (--budget 5.5)",
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                              skip=(), budget=5.5), ACT),
+    "gptq-mix-4.9-nofloor": Row("the same without the Fisher floor (FLOOR = 0; ablation)",
+                                dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                     skip=(), budget=4.9), ACT, floor=0.0),
+    "gptq-mix-4.9-floor3": Row("the same with a Fisher floor of 3 (ablation)",
+                               dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                    skip=(), budget=4.9), ACT, floor=3.0),
     "gptq-g64-mse": Row("GPTQ g64 sym act-order checkpoint (gptq layout)",
                         dict(calib="gptq", format="gptq", group_size=64, grid="mse",
                              desc_act=True), runtime="torch"),
@@ -159,9 +166,15 @@ def quantised_folder(name: str, row: Row, hf: Path, samples: int, seq_len: int) 
         eos = ckpt.config.eos_token_id
         data = load_calibration(ckpt.tokenizer, row.calib, samples, seq_len, 0,
                                 eos if isinstance(eos, int) else None)
-        run = calibrate(ckpt, recipe, data, work, options=row.options,
-                        progress=lambda i, n, s: print(f"   {name}: block {i + 1}/{n} {s:.1f} s",
-                                                       flush=True))
+        from arkinfer.quant import mix
+
+        floor, mix.FLOOR = mix.FLOOR, mix.FLOOR if row.floor is None else row.floor
+        try:
+            run = calibrate(ckpt, recipe, data, work, options=row.options,
+                            progress=lambda i, n, s: print(f"   {name}: block {i + 1}/{n} "
+                                                           f"{s:.1f} s", flush=True))
+        finally:
+            mix.FLOOR = floor
     return export_folder(run, out, force=True)
 
 
