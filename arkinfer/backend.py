@@ -12,6 +12,9 @@ imports a backend SDK.
 **Writing a backend.** Subclass `BackendBase` (it supplies the defaults) and implement:
 
     name: str                                  # the registry name, e.g. "gguf"
+    capabilities: Capabilities                 # what it can do, declared once (below): formats,
+        # bits, act-order, dtypes, attention modes, optional runtime, packages, remote bench.
+        # resolve, plan, preflight and doctor ask it; a target profile only narrows it.
     available() -> bool                        # every toolchain importable here
     install_hint() -> str                      # the command that makes available() true
     preflight(raw_config, recipe, target, dtype) -> list[str]
@@ -31,11 +34,13 @@ imports a backend SDK.
                                                # weights (gguf): build then skips the trace
     bench_remote(artifact_dir, manifest, address, key, spec, progress) -> rows
         # `arkinfer bench --rpc HOST:PORT [--key K]`: llama-bench rows measured on a remote device
-        # (tvm: TVM RPC). Default: an ArkError saying this backend has no remote bench.
+        # (tvm: TVM RPC; it declares `remote_bench=True`). Default: an ArkError saying this
+        # backend has no remote bench.
     build_runtime(progress) -> dict[str, str]
-        # `arkinfer doctor --build-RUNTIME`: build (or reuse) an optional native runtime the
-        # backend's Runner then uses (gguf: llama.cpp patched with InfLLM v2); returns what to
-        # show (versions, paths). Default: an ArkError saying there is none.
+        # `arkinfer doctor --build-FLAG`: build (or reuse) the optional native runtime its
+        # capabilities declare (`Capabilities.runtime`, FLAG its `flag`), which the Runner then
+        # uses (gguf: llama.cpp patched with InfLLM v2); returns what to show (versions,
+        # paths). Default: an ArkError saying there is none.
     quantizes_in_lower(recipe, options) -> bool
         # default False; True when lower() quantises this weight-only recipe itself from the
         # float source with the runtime's own quantiser (gguf's rtn=ggml, the bytes
@@ -101,6 +106,93 @@ class BackendOption:
     def describe(self, key: str) -> str:
         """`key=a|b|c (help)`, or `key=EXAMPLE (help)` for a free value."""
         return f"{key}={'|'.join(self.choices) or self.example_value()} ({self.help})"
+
+
+FLOAT_DTYPES = ("f32", "f16", "bf16")  # float build dtypes (`--quant f32 / f16 / bf16`)
+ATTENTION_MODES = ("dense", "infllmv2")
+
+
+@dataclass(frozen=True)
+class OptionalRuntime:
+    """A native runtime a backend builds on request (`arkinfer doctor --build-FLAG` calls
+    `Backend.build_runtime`) and its Runner then runs InfLLM v2 with.
+
+    flag: the doctor option's suffix: "llamacpp" is `arkinfer doctor --build-llamacpp`.
+    title: what doctor calls the build, e.g. "InfLLM v2 llama.cpp".
+    built: the probe plan asks: True when a finished build is on this machine and the Runner
+        will use it. Cheap and without side effects: it reads the build cache, never builds
+        and never imports the runtime, so it can be asked at plan time.
+    without: what the Runner runs while `built()` is False (plan's ops table prints it).
+    """
+
+    flag: str
+    title: str
+    built: Callable[[], bool]
+    without: str
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, declared once as `Backend.capabilities`. resolve, plan, the
+    preflights and doctor ask it; a target profile's `[backends.NAME]` only narrows it (a
+    format a profile lists must be one the backend declares: tests/test_backend_capabilities.py).
+
+    formats: registered quant format names (`arkinfer.quant.formats`) lower() stores.
+    bits: code widths its quantised linears take; () = every width its formats store.
+    act_order: takes GPTQ act-order weights (desc_act=True: a permuting g_idx).
+    dtypes: float build dtypes it lowers (FLOAT_DTYPES names).
+    cache_dtypes: KV cache element types its Runner keeps.
+    attention: attention its Runner runs (ATTENTION_MODES): "dense", and "infllmv2" when it runs
+        a config's sparse_config (InfLLM v2 past dense_len).
+    runtime: the optional runtime InfLLM v2 needs, or None when the Runner runs it as shipped;
+        while the runtime is not built the Runner runs dense (`runs_infllmv2()` asks the probe).
+    extra: the pip extra that installs its toolchain (`pip install 'arkinfer[EXTRA]'`); None
+        when the core install is enough.
+    packages: distribution -> what the backend uses it for (`arkinfer doctor` lists versions).
+    remote_bench: `arkinfer bench --rpc` times its artifacts on a remote device
+        (`Backend.bench_remote`).
+    """
+
+    formats: tuple[str, ...]
+    bits: tuple[int, ...] = ()
+    act_order: bool = False
+    dtypes: tuple[str, ...] = FLOAT_DTYPES
+    cache_dtypes: tuple[str, ...] = ("f32",)
+    attention: tuple[str, ...] = ATTENTION_MODES
+    runtime: OptionalRuntime | None = None
+    extra: str | None = None
+    packages: Mapping[str, str] = field(default_factory=dict, hash=False)
+    remote_bench: bool = False
+
+    def __post_init__(self) -> None:
+        hint = "declare values from arkinfer/backend.py's FLOAT_DTYPES and ATTENTION_MODES"
+        for what, values, allowed in (("dtypes", self.dtypes, FLOAT_DTYPES),
+                                      ("cache_dtypes", self.cache_dtypes, FLOAT_DTYPES),
+                                      ("attention", self.attention, ATTENTION_MODES)):
+            bad = [v for v in values if v not in allowed]
+            if bad or not values:
+                raise ArkError(f"Capabilities.{what}={values!r}: {bad or 'empty'} (allowed: "
+                               f"{', '.join(allowed)})", hint=hint)
+        if "dense" not in self.attention:
+            raise ArkError(f"Capabilities.attention={self.attention!r} lacks 'dense' (a config "
+                           "without sparse_config runs dense everywhere)", hint=hint)
+        if self.runtime is not None and "infllmv2" not in self.attention:
+            raise ArkError("Capabilities.runtime is set but attention has no 'infllmv2': the "
+                           "runtime exists to run InfLLM v2", hint="add 'infllmv2' to attention")
+        object.__setattr__(self, "packages", MappingProxyType(dict(self.packages)))
+
+    def runs_infllmv2(self) -> bool:
+        """True when the Runner runs InfLLM v2 on this machine now (asks the runtime's probe)."""
+        return "infllmv2" in self.attention and (self.runtime is None or self.runtime.built())
+
+    def dense_reason(self) -> str:
+        """Why the Runner runs a sparse_config model dense here ('' when it does not)."""
+        if self.runs_infllmv2():
+            return ""
+        if self.runtime is None:
+            return "its runtime runs dense attention only"
+        return (f"{self.runtime.without}; `arkinfer doctor --build-{self.runtime.flag}` builds "
+                f"the {self.runtime.title}")
 
 
 @dataclass
@@ -232,6 +324,7 @@ class Backend(Protocol):
     """Everything the pipeline uses of a backend (see the module docstring)."""
 
     name: str
+    capabilities: Capabilities
     ir_passes: tuple[str, ...]
     lowers_from_ir: bool
     fidelity_top1: float
@@ -263,9 +356,18 @@ class Backend(Protocol):
     def check_options(self, options: dict[str, str]) -> None:
         """Raise ArkError for a declared --option's free value this backend cannot take."""
 
+    def build_runtime(self, progress: Callable[[str], None] | None = None) -> dict[str, str]:
+        """Build (or reuse) `capabilities.runtime`; what doctor shows (versions, paths)."""
+
+    def bench_remote(self, artifact_dir: str | Path, manifest: dict[str, Any], address: str,
+                     key: str | None, spec: Any,
+                     progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+        """llama-bench rows of the artifact timed on a remote device (`bench --rpc`)."""
+
 
 class BackendBase:
-    """Defaults for the optional parts of the `Backend` contract."""
+    """Defaults for the optional parts of the `Backend` contract (`capabilities` has none:
+    every backend declares its own)."""
 
     name: str = ""
     ir_passes: tuple[str, ...] = ()
@@ -375,9 +477,10 @@ def get_backend(name: str) -> Backend:
                                 "a backend registers in the 'arkinfer.backends' entry-point group")
     backend = eps[name].load()
     if not isinstance(backend, Backend):
-        missing = [m for m in ("name", "ir_passes", "lowers_from_ir", "fidelity_top1", "available",
-                               "install_hint", "preflight", "lower", "load", "reference_weights",
-                               "quantizes_in_lower", "check_options", "options")
+        missing = [m for m in ("name", "capabilities", "ir_passes", "lowers_from_ir",
+                               "fidelity_top1", "available", "install_hint", "preflight", "lower",
+                               "load", "reference_weights", "quantizes_in_lower", "check_options",
+                               "options", "build_runtime", "bench_remote")
                    if not hasattr(backend, m)]
         raise NotAvailableError(f"entry point {eps[name].value!r} of backend {name!r} does not "
                                 f"implement the Backend contract (missing: {', '.join(missing)})",

@@ -8,9 +8,10 @@ recorded) call `resolve`, so they agree on the backend, the scheme and the recip
 
 `--quant` takes a float dtype (`f32`, `f16`, `bf16`, and the aliases `fp16`, `fp32`, `float16`,
 `bfloat16`, ...), a preset (quant/recipe.py), or `int4`: the first 4-bit preset whose format the
-backend takes (marlin on tensorrt, q4_0 on gguf, ...). Without an explicit backend the target's
-default backend is used when it takes the scheme, else the first of the target's backends that
-does. A preset is then *fitted* to the model: a group size that does not divide the model's rows
+backend takes (marlin on tensorrt, q4_0 on gguf, ...). A backend takes what its capabilities
+declare (`Backend.capabilities`) narrowed by the target profile's `[backends.NAME]` lists
+(`takes`). Without an explicit backend the target's default backend is used when it takes the
+scheme, else the first of the target's backends that does. A preset is then *fitted* to the model: a group size that does not divide the model's rows
 shrinks (SmolLM2's 576-wide rows: g128 -> g64), and a format that cannot take the shapes falls
 back (GGUF TQ needs rows that are multiples of 256 -> ArkInfer's `ternary`); every change is a
 note. Shapes are asked of the storage format (`Format.shape_refusal`).
@@ -21,9 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from arkinfer.backend import FLOAT_DTYPES, get_backend
 from arkinfer.errors import ArkError, TargetError
 
-FLOAT_SCHEMES = ("f32", "f16", "bf16")
+FLOAT_SCHEMES = FLOAT_DTYPES
 ALIASES = {"fp16": "f16", "fp32": "f32", "float16": "f16", "float32": "f32", "half": "f16",
            "float": "f32", "bfloat16": "bf16"}
 # Storage formats to try, in order, when the preset's format cannot take the model's shapes.
@@ -56,11 +58,44 @@ def quant_names() -> list[str]:
     return ["int4", *FLOAT_SCHEMES, *_presets()]
 
 
-def _takes(target: Any, backend: str, scheme: str) -> bool:
-    b = target.backends[backend]
+def allowed_formats(target: Any, backend: str) -> tuple[str, ...]:
+    """The quant formats `backend` stores on `target`: the profile's `[backends.NAME]
+    quant_formats` (in its order) that the backend declares (`Capabilities.formats`)."""
+    declared = get_backend(backend).capabilities.formats
+    return tuple(f for f in target.backend(backend).quant_formats if f in declared)
+
+
+def allowed_dtypes(target: Any, backend: str) -> tuple[str, ...]:
+    """The float build dtypes `backend` lowers on `target`: the profile's, narrowed to the
+    backend's declared `Capabilities.dtypes`."""
+    declared = get_backend(backend).capabilities.dtypes
+    return tuple(str(d) for d in target.backend(backend).dtypes if str(d) in declared)
+
+
+def takes(target: Any, backend: str, scheme: str) -> bool:
+    """True when `backend` runs `scheme` (a float dtype or a preset name) on `target`: the
+    target's profile allows it and the backend declares it."""
     if scheme in FLOAT_SCHEMES:
-        return scheme in [str(d) for d in b.dtypes]
-    return _presets()[scheme].format in b.quant_formats
+        return scheme in allowed_dtypes(target, backend)
+    return _presets()[scheme].format in allowed_formats(target, backend)
+
+
+def _refusal(quant: str, scheme: str, target: Any, backend: str) -> TargetError:
+    """Why `backend` does not take `scheme` on `target`: the profile's refusal (it names the
+    backends that take it), else the backend's declaration."""
+    fmt = None if scheme in FLOAT_SCHEMES else _presets()[scheme].format
+    try:
+        target.check(backend, quant_format=fmt, dtype=scheme if fmt is None else None)
+    except TargetError as exc:
+        return TargetError(f"--quant {quant}: {exc.message}", hint=exc.hint)
+    caps = get_backend(backend).capabilities
+    declared = caps.formats if fmt is not None else caps.dtypes
+    allowed = allowed_formats(target, backend) if fmt is not None else \
+        allowed_dtypes(target, backend)
+    return TargetError(f"--quant {quant}: backend '{backend}' cannot run {fmt or scheme} (it "
+                       f"declares {', '.join(declared)}), although target '{target.id}' lists it",
+                       hint=f"pick one of: {', '.join(allowed) or 'none'}; a target profile "
+                       "only narrows what its backend declares")
 
 
 def _scheme(quant: str, target: Any, order: list[str]) -> tuple[str, str | None, str]:
@@ -68,7 +103,7 @@ def _scheme(quant: str, target: Any, order: list[str]) -> tuple[str, str | None,
     q = ALIASES.get(quant.lower(), quant.lower())
     if q == "int4":
         for name in order:
-            for fmt in target.backends[name].quant_formats:
+            for fmt in allowed_formats(target, name):
                 for preset, r in _presets().items():
                     if r.format == fmt and r.bits == 4 and r.calib != "ternary":
                         return preset, name, f"int4 -> {preset} ({r.describe()}) on {name}"
@@ -92,14 +127,10 @@ def resolve(quant: str, raw_config: dict[str, Any], target: Any,
         target.backend(name)  # TargetError when the backend is not allowed on the target
     scheme, chosen, how = _scheme(quant, target, order)
     if chosen is None:
-        chosen = next((name for name in order if _takes(target, name, scheme)), None)
+        chosen = next((name for name in order if takes(target, name, scheme)), None)
         if chosen is None:
-            fmt = None if scheme in FLOAT_SCHEMES else _presets()[scheme].format
-            try:
-                target.check(order[0], quant_format=fmt, dtype=scheme if fmt is None else None)
-            except TargetError as exc:
-                raise TargetError(f"--quant {quant}: {exc.message}", hint=exc.hint) from None
-        elif chosen != target.default_backend and backend is None:
+            raise _refusal(quant, scheme, target, order[0])
+        if chosen != target.default_backend and backend is None:
             how = f"{chosen}: the default backend {target.default_backend} does not take {scheme}"
     notes = [how] if how else []
     if scheme in FLOAT_SCHEMES:
@@ -107,13 +138,13 @@ def resolve(quant: str, raw_config: dict[str, Any], target: Any,
     from arkinfer.quant.recipe import get_preset
 
     preset = get_preset(scheme)
-    recipe, fit_notes = fit_recipe(preset, raw_config, target.backend(chosen).quant_formats)
+    recipe, fit_notes = fit_recipe(preset, raw_config, allowed_formats(target, chosen))
     if backend is None and not fits(recipe.format, recipe, raw_config):
         # The chosen backend would leave linears in float: prefer one whose formats fit them all
         # (ternary on 128-wide rows: gguf's TQ formats cannot, the reference's `ternary` can).
         for name in order:
-            if name != chosen and _takes(target, name, scheme):
-                alt, alt_notes = fit_recipe(preset, raw_config, target.backend(name).quant_formats)
+            if name != chosen and takes(target, name, scheme):
+                alt, alt_notes = fit_recipe(preset, raw_config, allowed_formats(target, name))
                 if fits(alt.format, alt, raw_config):
                     notes = [f"{name}: {chosen} would keep linears of this model in float "
                              f"({preset.format})"]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ import torch
 from arkinfer.frontend.checkpoint import open_checkpoint
 from arkinfer.frontend.safetensors_io import DTYPES
 from arkinfer.frontend.shard_writer import save_safetensors
+from arkinfer.lowering.tokenizer_files import copy_tokenizer_files
 from arkinfer.output_folder import (MARKER, check_output, make_staging, remove_leftovers,
                                     remove_work_folder, replace_folder)
 from arkinfer.owned_folder import file_hashes, record_files
@@ -50,9 +50,6 @@ from .calib.stream import CalibrationRun, block_file, load_weights, release_maps
 from .formats import get_format
 from .weight import QuantizedWeight
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                   "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt",
-                   "added_tokens.json", "chat_template.jinja")
 RUNTIME_LAYOUTS = ("gptq", "marlin", "awq")
 SUMMARY_NAME = "quant_summary.json"
 
@@ -236,9 +233,7 @@ def _write_folder(run: CalibrationRun, ckpt, fmt, tmp: Path, t0: float) -> None:
     total = sum((tmp / f).stat().st_size for f in names)
     _write_json(tmp / "model.safetensors.index.json",
                 {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
-    for fname in TOKENIZER_FILES:
-        if (run.source / fname).is_file():
-            shutil.copy2(run.source / fname, tmp / fname)
+    copy_tokenizer_files(run.source, tmp)
     summary = build_summary(run, fmt.name, qcfg, stats, float_linears)
     summary["timings"]["export_seconds"] = round(time.perf_counter() - t0, 3)
     summary["files"] = file_hashes(tmp, skip=(SUMMARY_NAME, MARKER))  # what --force may replace

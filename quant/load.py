@@ -22,7 +22,7 @@ import torch
 
 from arkinfer import models
 from arkinfer.errors import CheckpointError, NotAvailableError
-from arkinfer.frontend.checkpoint import Checkpoint, open_checkpoint
+from arkinfer.frontend.model_folder import Checkpoint, open_checkpoint
 
 from .formats import get_format
 
@@ -61,7 +61,7 @@ def layer_format(qcfg: dict[str, Any], owner: str) -> tuple[str, dict[str, Any]]
                                   "sym": entry.get("sym")}
 
 
-def _packed_owners(ckpt: Checkpoint) -> dict[str, list[str]]:
+def packed_owners(ckpt: Checkpoint) -> dict[str, list[str]]:
     """linear name -> keys of its packed tensors (`...mlp.up_proj` -> [qweight, qzeros, ...]).
 
     A linear is packed when it has tensors besides `weight` / `bias`, or when its `weight` is not
@@ -92,7 +92,7 @@ def load_quantized_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -
     with torch.device("meta"):
         model = models.build_model(ckpt.config)
     expected = models.module_for(ckpt.raw_config).expected_weights(model)
-    owners = _packed_owners(ckpt)
+    owners = packed_owners(ckpt)
     state, missing = {}, []
     for name, shape in expected.items():
         owner = name[: -len(".weight")] if name.endswith(".weight") else None

@@ -1,9 +1,10 @@
 """`arkinfer doctor` — what this installation can do, and this machine's roofline numbers.
 
 Lists the registered backends (usable here or not, with the install command), the versions of
-the toolchains ArkInfer uses, and the host's copy bandwidth, fp32 matmul rate and memory,
-measured once and cached (arkinfer/targets/host.py) for `host` predictions in plan, build and
-bench.
+the toolchains ArkInfer uses (the core's and the packages each backend's capabilities declare),
+and the host's copy bandwidth, fp32 matmul rate and memory, measured once and cached
+(arkinfer/targets/host.py) for `host` predictions in plan, build and bench. `--build-FLAG`
+builds the optional runtime a backend's capabilities declare (`OptionalRuntime.flag`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Annotated, Any
 import typer
 
 from arkinfer import __version__
+from arkinfer.backend import Backend, OptionalRuntime, backend_names, get_backend
 from arkinfer.cli._errors import handle_errors
 from arkinfer.cli._options import JsonOpt
 from arkinfer.cli._output import console, print_json, print_kv, print_table, terminal_safe
+from arkinfer.errors import NotAvailableError
 
 HELP = ("Check this installation: registered backends and whether their toolchains are "
         "installed (with the install command), package versions, and this machine's copy "
@@ -25,28 +28,42 @@ HELP = ("Check this installation: registered backends and whether their toolchai
 EXAMPLES = ["arkinfer doctor", "arkinfer doctor --remeasure", "arkinfer doctor --json",
             "arkinfer doctor --build-llamacpp"]
 
-# distribution -> what ArkInfer uses it for (and the extra that installs it)
-PACKAGES = {
+# distribution -> what ArkInfer uses it for, outside the backends (each backend's packages are
+# its capabilities': `Capabilities.packages`)
+CORE_PACKAGES = {
     "torch": "reference models, IR, host runner",
     "numpy": "format packers / unpack references",
     "safetensors": "checkpoints",
     "tokenizers": "tokenizers",
-    "onnx": "tensorrt backend graph ([onnx])",
-    "onnxruntime": "tensorrt backend host runner ([onnx])",
-    "gguf": "gguf backend writer, GGUF import ([gguf])",
-    "llama-cpp-python": "gguf backend host runner ([gguf])",
-    "mlx": "mlx backend ([mlx])",
-    "apache-tvm": "tvm backend ([tvm])",
-    "coremltools": "coreml backend ([coreml])",
+}
+TOOL_PACKAGES = {
     "transformers": "parity tests ([dev])",
     "matplotlib": "bench --plot ([plot])",
 }
 
 
-def package_versions() -> dict[str, str | None]:
-    """Installed version of every package in PACKAGES (None when absent)."""
+def packages() -> dict[str, str]:
+    """distribution -> what it is used for: the core, every registered backend's declared
+    packages ('onnx, tensorrt backends graph ([onnx])'), then the test and plot extras."""
+    uses: dict[str, dict[str, list[str]]] = {}  # dist -> use -> backends
+    extra: dict[str, str | None] = {}
+    for name in backend_names():
+        caps = get_backend(name).capabilities
+        for dist, use in caps.packages.items():
+            uses.setdefault(dist, {}).setdefault(use, []).append(name)
+            extra.setdefault(dist, caps.extra)
+    declared = {}
+    for dist, by_use in uses.items():
+        words = "; ".join(f"{', '.join(names)} backend{'s' if len(names) > 1 else ''}"
+                          + (f" {use}" if use else "") for use, names in by_use.items())
+        declared[dist] = words + (f" ([{extra[dist]}])" if extra[dist] else "")
+    return {**CORE_PACKAGES, **declared, **TOOL_PACKAGES}
+
+
+def package_versions(dists: dict[str, str]) -> dict[str, str | None]:
+    """Installed version of every distribution in `dists` (None when absent)."""
     out: dict[str, str | None] = {}
-    for dist in PACKAGES:
+    for dist in dists:
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -83,19 +100,31 @@ def command(
     run(remeasure, json_out)
 
 
-@handle_errors
-def build_patched(json_out: bool) -> None:
-    """`--build-llamacpp`: build (or reuse) the gguf backend's InfLLM v2 llama.cpp and say where
-    it is (`Backend.build_runtime`)."""
-    from arkinfer.backend import get_backend
+def runtime_backend(flag: str) -> tuple[Backend, OptionalRuntime]:
+    """The registered backend whose capabilities declare the runtime `--build-FLAG` builds."""
+    declared = []
+    for name in backend_names():
+        backend = get_backend(name)
+        runtime = backend.capabilities.runtime
+        if runtime is not None and runtime.flag == flag:
+            return backend, runtime
+        declared += [f"--build-{runtime.flag} ({name})"] if runtime is not None else []
+    raise NotAvailableError(f"no registered backend declares a runtime for --build-{flag}",
+                            hint=f"runtimes declared: {', '.join(declared) or 'none'}")
 
+
+@handle_errors
+def build_patched(json_out: bool, flag: str = "llamacpp") -> None:
+    """`--build-llamacpp`: build (or reuse) the runtime a backend declares for `flag` (the gguf
+    backend's InfLLM v2 llama.cpp) and say where it is (`Backend.build_runtime`)."""
+    backend, runtime = runtime_backend(flag)
     say = None if json_out else (lambda msg: console.print(terminal_safe(msg, keep="\n"),
                                                          markup=False))
-    info = get_backend("gguf").build_runtime(progress=say)
+    info = backend.build_runtime(progress=say)
     if json_out:
         print_json(info)
         return
-    print_kv("InfLLM v2 llama.cpp", [(k.replace("_", " "), v) for k, v in info.items()])
+    print_kv(runtime.title, [(k.replace("_", " "), v) for k, v in info.items()])
 
 
 @handle_errors
@@ -109,9 +138,10 @@ def run(remeasure: bool, json_out: bool) -> None:
     from arkinfer.huge_pages import status as huge_page_status
     from arkinfer.ops.infllmv2.native import describe
 
+    used_for = packages()
     info = {"arkinfer": __version__, "python": platform.python_version(),
             "platform": platform.platform(), "backends": backends(),
-            "packages": package_versions(),
+            "packages": package_versions(used_for),
             "host": {**record, "cache": str(cache_path()), "from_cache": cached is not None},
             "infllmv2_decode": describe(), "huge_page_malloc": huge_page_status()}
     if json_out:
@@ -123,7 +153,7 @@ def run(remeasure: bool, json_out: bool) -> None:
                 [[b["name"], "yes" if b["available"] else "no", ", ".join(b["default_for"]) or "-",
                   "-" if b["available"] else b["install_hint"]] for b in info["backends"]])
     print_table("packages", ["package", "version", "used for"],
-                [[d, v or "not installed", PACKAGES[d]] for d, v in info["packages"].items()])
+                [[d, v or "not installed", used_for[d]] for d, v in info["packages"].items()])
     h = info["host"]
     print_kv("this machine (the `host` target)", [
         ("cpu", f"{h['cpu']}, {h['threads']} torch threads"),

@@ -137,22 +137,3 @@ def write_shards(folder: Path, specs: list[TensorSpec], produce: Callable[[Tenso
         (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return names + ([INDEX_NAME] if len(shards) > 1 else [])
 
-
-def finish_float_folder(out: Path, artifact: Path, raw_config: dict[str, Any],
-                        drop_keys: tuple[str, ...], done_file: str, version: int) -> None:
-    """Complete a float32 Hugging Face folder written from an artifact's weights (a backend's
-    `reference_weights`): config.json without the artifact's quantisation keys (`drop_keys`) and
-    with torch_dtype float32, the artifact's tokenizer files, and last the `done_file` marker
-    ({"artifact", "version"}) whose presence says the folder is complete."""
-    import shutil
-
-    from arkinfer.quant.export import TOKENIZER_FILES
-
-    cfg = {k: v for k, v in raw_config.items() if k not in drop_keys}
-    cfg["torch_dtype"] = "float32"
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    for name in TOKENIZER_FILES:
-        if (artifact / name).is_file():
-            shutil.copy2(artifact / name, out / name)
-    (out / done_file).write_text(json.dumps({"artifact": str(artifact.resolve()),
-                                             "version": version}) + "\n", encoding="utf-8")

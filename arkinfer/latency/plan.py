@@ -3,7 +3,8 @@ safetensors headers alone.
 
     plan = make_plan("minicpm4.1-8b", "jetson-orin", "int4")
     plan.rows          # one Prediction per (context, attention): dense, and InfLLM v2 when the
-                       # config has sparse_config and the backend runs it
+                       # config has sparse_config and the backend runs it here (its
+                       # capabilities: gguf only once the InfLLM v2 llama.cpp is built)
     plan.refusal()     # an ArkError with the numbers when it does not fit at the smallest context
 
 `--quant` is resolved by `arkinfer.resolve`, the resolver `build` uses too (aliases, `int4`, the
@@ -15,17 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from arkinfer.backend import get_backend
 from arkinfer.errors import ArkError
 from arkinfer.latency.cost import ModelCost
 from arkinfer.latency.predict import Prediction, predict
 from arkinfer.latency.source import ModelSource, load_source
 from arkinfer.quant.recipe import PRESETS
-from arkinfer.resolve import FLOAT_SCHEMES, resolve
+from arkinfer.resolve import FLOAT_SCHEMES, resolve, takes
 
 CONTEXTS = (4096, 32768, 131072)
-# Backends that run a sparse_config model with dense attention only.
-DENSE_ONLY = {"gguf": "llama.cpp runs MiniCPM with dense attention; sparse_config is kept as "
-                      "metadata only (docs/infllmv2.md §7)"}
 
 
 @dataclass
@@ -40,7 +39,8 @@ class Plan:
     cost: ModelCost
     contexts: tuple[int, ...]
     rows: list[Prediction]
-    sparse_supported: bool | None  # None: the config has no sparse_config
+    sparse_supported: bool | None  # None: the config has no sparse_config; else whether the
+                                   # backend runs InfLLM v2 here (`Capabilities.runs_infllmv2`)
     notes: list[str] = field(default_factory=list)
 
     def ops(self) -> list[tuple[str, str]]:
@@ -66,7 +66,8 @@ class Plan:
                 att += (f"; InfLLM v2 from {sc.dense_len} tokens (topk {sc.topk} + window "
                         f"{sc.window_size}: {sc.full_visibility_len} keys per query)")
             else:
-                att += f"; InfLLM v2 not on {b}: {DENSE_ONLY[b]}"
+                att += (f"; InfLLM v2 not on {b}: "
+                        f"{get_backend(b).capabilities.dense_reason()}")
         ops.insert(2, ("attention", att))
         return ops
 
@@ -105,9 +106,7 @@ class Plan:
 
 def fitting_alternatives(plan: Plan) -> str:
     """Schemes of the plan's backend that fit at the smallest context, largest first."""
-    b = plan.target.backends[plan.backend]
-    schemes = [q for q in FLOAT_SCHEMES if q in [str(d) for d in b.dtypes]]
-    schemes += [n for n, r in PRESETS.items() if r.format in b.quant_formats]
+    schemes = [q for q in (*FLOAT_SCHEMES, *PRESETS) if takes(plan.target, plan.backend, q)]
     ctx = min(plan.contexts)
     found = []
     for q in schemes:
@@ -137,7 +136,7 @@ def make_plan(model: str, target: Any, quant: str, backend: str | None = None,
     name, scheme = r.backend, r.scheme
     cost = ModelCost.from_config(source.raw_config, r.recipe or scheme, source.headers,
                                  source=source.label.split(" (")[0])
-    sparse_ok = None if cost.sparse is None else name not in DENSE_ONLY
+    sparse_ok = None if cost.sparse is None else get_backend(name).capabilities.runs_infllmv2()
     modes = ["dense", "sparse"] if sparse_ok else ["dense"]
     rows = [predict(cost, tgt, ctx=c, prompt=c, attention=a) for c in contexts for a in modes]
     notes = list(r.notes)

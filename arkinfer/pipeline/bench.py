@@ -147,7 +147,7 @@ def run_bench(runner, manifest: dict[str, Any], spec: BenchSpec, *,
     need = max(spec.depths) + max(spec.prompts + spec.gens) + 1
     tokens = bench_tokens(runner, need)
     rows = []
-    common = _common_fields(manifest, cpu_model())
+    common = common_fields(manifest, cpu_model())
     for attention in spec.attention:
         if attention != "default":
             if attention not in runner.attention_modes:
@@ -170,12 +170,16 @@ def run_bench(runner, manifest: dict[str, Any], spec: BenchSpec, *,
                     if progress:
                         progress(f"{attention} {name}: run {i + 1}/{spec.repetitions}")
                     samples.append(fn(runner, context, body))
-                rows.append(_row(common, kind, size, depth, attention, samples, predictor))
+                rows.append(bench_row(common, kind, size, depth, attention, samples, predictor))
     return rows
 
 
-def _row(common: dict[str, Any], kind: str, size: int, depth: int, attention: str,
-         samples: list[float], predictor) -> dict[str, Any]:
+def bench_row(common: dict[str, Any], kind: str, size: int, depth: int, attention: str,
+              samples: list[float], predictor) -> dict[str, Any]:
+    """One result row: `common` (from `common_fields`) plus the test's llama-bench fields and
+    ours. `kind` "pp" or "tg", `size` its token count, `depth` the context before it;
+    `samples` the measured seconds of each repetition; `predictor` (`host_predictor`) or None
+    for no predicted rate. Remote benches (backends' `bench_remote`) build their rows here too."""
     ns = [int(s * 1e9) for s in samples]
     ts = [size / s for s in samples]
     avg_ts = statistics.fmean(ts)
@@ -197,7 +201,9 @@ def _row(common: dict[str, Any], kind: str, size: int, depth: int, attention: st
     return row
 
 
-def _common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
+def common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
+    """The fields every row of one bench shares, from the artifact's manifest; `cpu` names the
+    machine that ran it (llama-bench's cpu_info)."""
     import torch
 
     return {"cpu_info": cpu, "backends": manifest["backend"]["name"],

@@ -19,27 +19,19 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from importlib import metadata
 from pathlib import Path
 
 from arkinfer.backend import LowerRequest, LowerResult
 from arkinfer.errors import ArkError
+from arkinfer.lowering.tokenizer_files import copy_tokenizer_files, tokenizer_dir
+from arkinfer.lowering.versions import version
 
 from .backend import OPTIONS, context_option
 from .runner import DEFERRED, PACKAGE
 from .weights import SourceWeights
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                   "special_tokens_map.json", "chat_template.jinja")
 CHECKS_FILE = "coreml_checks.json"
 COMPRESS = OPTIONS["compress"].choices
-
-
-def version(pkg: str) -> str:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def options_of(request: LowerRequest, max_len: int) -> tuple[int, str, str]:
@@ -155,12 +147,7 @@ def lower(request: LowerRequest) -> LowerResult:
         request.progress("saving model.mlpackage (prefill + decode, shared weights)")
         ct.utils.save_multifunction(desc, str(out / PACKAGE))
     files = [PACKAGE]
-    tok_dir = request.model_dir if (Path(request.model_dir) / "tokenizer.json").is_file() \
-        else request.source_dir
-    for name in TOKENIZER_FILES:
-        if (Path(tok_dir) / name).is_file():
-            shutil.copy2(Path(tok_dir) / name, out / name)
-            files.append(name)
+    files += copy_tokenizer_files(tokenizer_dir(request.model_dir, request.source_dir), out)
     request.progress("checking the saved package (weights, op set, composites)")
     checks = run_checks(out / PACKAGE, src, program, quantised=compress == "none")
     (out / CHECKS_FILE).write_text(json.dumps(checks, indent=2) + "\n", encoding="utf-8")
@@ -180,6 +167,6 @@ def lower(request: LowerRequest) -> LowerResult:
            "rms_norm": "MIL ops (fp32 statistics)", "rope": "MIL ops (fp32 angles from start)",
            "kv_cache": f"Core ML state, fp16 [1, Hkv, {context}, D] per layer and k / v",
            "compute": compute}
-    toolchain = {"coremltools": version("coremltools"), "minimum_deployment_target": "iOS18",
+    toolchain = {"coremltools": version("coremltools") or "unknown", "minimum_deployment_target": "iOS18",
                  "runtime_parity": "deferred to macOS"}
     return LowerResult(files=files, ops=ops, toolchain=toolchain, notes=notes, layers=layers)

@@ -17,8 +17,16 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, BackendOption, LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, BackendOption, Capabilities, LowerRequest, LowerResult
 from arkinfer.errors import ArkError
+
+CAPABILITIES = Capabilities(
+    # formats whose canonical weights `constexpr_blockwise_shift_scale` holds exactly: integer
+    # zero points, static groups (no act-order), fp16 scales, 4- or 8-bit codes
+    formats=("gptq", "awq", "marlin", "gguf-q4_0"), bits=(4, 8),
+    cache_dtypes=("f16",),  # the KV cache is Core ML state, fp16
+    extra="coreml", packages={"coremltools": ""},
+)
 
 # `--option KEY=VALUE` (artifact.py's docstring explains each; options_of reads them)
 OPTIONS = {
@@ -51,6 +59,7 @@ def context_option(value: str | None, max_len: int | None) -> int | None:
 
 class CoreMLBackend(BackendBase):
     name = "coreml"
+    capabilities = CAPABILITIES
     options = OPTIONS
 
     def available(self) -> bool:
@@ -68,7 +77,7 @@ class CoreMLBackend(BackendBase):
         if target is not None:
             target.check(self.name, recipe.format if recipe is not None else None,
                          dtype if recipe is None else None)
-        check_recipe(recipe)
+        check_recipe(recipe, self.capabilities)
         check_ops(raw_config)
         return ["coreml: runtime parity is deferred to macOS (Core ML prediction is macOS-only)"]
 

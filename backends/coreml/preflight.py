@@ -1,8 +1,8 @@
 """What the Core ML lowering can take, checked before any weight is read (plan time).
 
 - Quantised linears become `constexpr_blockwise_shift_scale` carrying the canonical codes:
-  formats whose canonical weights have integer zero points, static groups and fp16 scales
-  (`FORMATS`), 4 or 8 bits, no act-order (a non-static g_idx has no block layout).
+  formats whose canonical weights have integer zero points, static groups and fp16 scales, 4 or
+  8 bits, no act-order (a non-static g_idx has no block layout): the backend's `Capabilities`.
 - Every IR op the model traces to must have a conversion (`program.CONVERSIONS`); the IR is
   traced from config.json alone (shape only, no weights), so an op without a conversion is an
   error naming it here, not after calibration.
@@ -13,25 +13,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from arkinfer.backend import Capabilities
 from arkinfer.errors import TargetError
 
-# Formats whose canonical weights `constexpr_blockwise_shift_scale` holds exactly.
-FORMATS = ("gptq", "awq", "marlin", "gguf-q4_0")
-BITS = (4, 8)
 
-
-def check_recipe(recipe: Any) -> None:
+def check_recipe(recipe: Any, caps: Capabilities) -> None:
+    """Raise TargetError unless the recipe's format, bits and act-order are declared in `caps`."""
     if recipe is None:
         return
-    if recipe.format not in FORMATS:
+    if recipe.format not in caps.formats:
         raise TargetError(f"quant format {recipe.format!r} has no exact Core ML weight layout; "
-                          f"the coreml backend takes {', '.join(FORMATS)}",
+                          f"the coreml backend takes {', '.join(caps.formats)}",
                           hint="use --quant int4 (gptq), gptq, awq or q4_0")
-    if int(recipe.bits) not in BITS:
+    if int(recipe.bits) not in caps.bits:
+        bits = " or ".join(f"{b}-bit" for b in caps.bits)
         raise TargetError(f"{recipe.format} with {recipe.bits} bits: "
-                          "constexpr_blockwise_shift_scale holds 4- or 8-bit codes",
+                          f"constexpr_blockwise_shift_scale holds {bits} codes",
                           hint="quantise with 4 bits (--quant int4)")
-    if recipe.desc_act:
+    if recipe.desc_act and not caps.act_order:
         raise TargetError("act-order (desc_act=True) weights have no block layout for "
                           "constexpr_blockwise_shift_scale", hint="use desc_act=False")
 

@@ -1,7 +1,8 @@
 """The weights a Core ML lowering reads, and how a quantised linear becomes
 `constexpr_blockwise_shift_scale` (iOS 18) carrying the canonical codes unchanged.
 
-    src = SourceWeights(model_dir)                # float or quantised HF folder (quant/load.py)
+    src = SourceWeights(model_dir)                # float or quantised HF folder
+                                                  # (arkinfer.lowering.source_weights)
     qw = src.quantised("model.layers.0.mlp.up_proj.weight")   # canonical QuantizedWeight | None
     args = blockwise_args(qw, "fp16")             # data / scale / offset for the MIL op
     back = canonical_from_blockwise(data, scale, offset, qw.bits)   # the inverse (verify.py)
@@ -22,17 +23,12 @@ Act-order weights (a non-static g_idx) have no block layout and are refused.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
-
-from arkinfer.errors import NotAvailableError
-from arkinfer.frontend.checkpoint import open_checkpoint
-from arkinfer.quant.formats import get_format
-from arkinfer.quant.load import format_of
 from arkinfer.quant.weight import QuantizedWeight
 
-_FLOAT = ("F32", "F16", "BF16", "F64")
+from arkinfer.errors import NotAvailableError
+from arkinfer.lowering import source_weights
 
 
 def mil_name(weight_name: str) -> str:
@@ -41,45 +37,13 @@ def mil_name(weight_name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", weight_name)
 
 
-class SourceWeights:
-    """Tensors of a float or quantised Hugging Face folder (gptq, awq, marlin, or ArkInfer's
-    generic layout: any format `quant.load` reads), read lazily."""
-
-    def __init__(self, folder: str | Path) -> None:
-        self.ckpt = open_checkpoint(folder, with_tokenizer=False)
-        self.raw = self.ckpt.raw_config
-        qcfg = self.raw.get("quantization_config")
-        self.format, self.params = format_of(qcfg) if isinstance(qcfg, dict) else (None, {})
-        self._owners: dict[str, list[str]] = {}
-        for name in self.ckpt.weights.names():
-            owner, _, key = name.rpartition(".")
-            if owner and key != "bias":
-                self._owners.setdefault(owner, []).append(key)
-
-    def _packed(self, owner: str) -> list[str] | None:
-        keys = self._owners.get(owner)
-        if not keys:
-            return None
-        if keys == ["weight"] and self.ckpt.weights.infos[f"{owner}.weight"].dtype in _FLOAT:
-            return None
-        return keys
-
-    def quantised(self, weight_name: str, shape: tuple[int, ...]) -> QuantizedWeight | None:
-        """The canonical weight of `<owner>.weight` ([out, in] = shape), None when stored float."""
-        owner = weight_name.removesuffix(".weight")
-        keys = self._packed(owner) if owner != weight_name and self.format else None
-        if keys is None:
-            return None
-        tensors = {k: self.ckpt.weights.get(f"{owner}.{k}").numpy() for k in keys}
-        return get_format(self.format).unpack(tensors, int(shape[0]), int(shape[1]),
-                                              **self.params)
+class SourceWeights(source_weights.SourceWeights):
+    """The shared reader (`quantised`: the canonical weight, named) with `tensor` giving float32
+    numpy, which MIL consts take."""
 
     def tensor(self, name: str) -> np.ndarray:
         """A float tensor as fp32 numpy."""
-        return self.ckpt.weights.get(name).float().numpy()
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.ckpt.weights
+        return self.float32(name)
 
 
 def blockwise_args(qw: QuantizedWeight, scale_dtype: str) -> dict[str, np.ndarray]:

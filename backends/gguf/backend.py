@@ -5,7 +5,8 @@
       arkinfer.json    the manifest (written by the pipeline)
 
 `lower` writes model.gguf (lower.py); `load` opens it in llama.cpp through llama-cpp-python
-(runner.py). Files, keys and type rules: README.md.
+(runner.py), or in the InfLLM v2 build when one is built (llamacpp_runtime.py). What the backend
+can do is `CAPABILITIES`. Files, keys and type rules: README.md.
 """
 
 from __future__ import annotations
@@ -18,25 +19,33 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, BackendOption, LowerRequest, LowerResult
+from arkinfer.backend import (BackendBase, Capabilities, LowerRequest, LowerResult,
+                              OptionalRuntime)
 from arkinfer.errors import TargetError
 
-FORMATS = ("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-iq4_nl", "gguf-tq1_0", "gguf-tq2_0")
+from .llamacpp_runtime import infllmv2_built, library_for
+from .options import OPTIONS
+
 DEFAULT_N_CTX = 2048
-# `--option KEY=VALUE` (plan.py reads them, lower-cased; README.md's type table explains them)
-OPTIONS = {
-    "embeddings": BackendOption("ggml type of token_embd / output; default q8_0 when quantised, "
-                                "else the dtype", ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"),
-                                example="q8_0", ignore_case=True),
-    "rtn": BackendOption("who rounds an RTN recipe: ggml's quantiser, the default, or "
-                         "ArkInfer's folder", ("ggml", "folder"), ignore_case=True),
-}
+CAPABILITIES = Capabilities(
+    # the GGUF block types lower() writes from the canonical weights (README.md's type table)
+    formats=("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-iq4_nl", "gguf-tq1_0", "gguf-tq2_0"),
+    cache_dtypes=("f16", "f32"),  # runner.KV_TYPES: f16 is llama.cpp's default
+    # upstream llama.cpp runs MiniCPM dense; the patched build runs InfLLM v2
+    runtime=OptionalRuntime(
+        flag="llamacpp", title="InfLLM v2 llama.cpp", built=infllmv2_built,
+        without="llama.cpp runs MiniCPM with dense attention; sparse_config is kept as "
+                "metadata only (docs/infllmv2.md §7)"),
+    extra="gguf",
+    packages={"gguf": "writer, GGUF import", "llama-cpp-python": "host runner"},
+)
 
 
 class GGUFBackend(BackendBase):
     """llama.cpp: GGUF files; host runner through llama-cpp-python (`runner.LlamaCppRunner`)."""
 
     name = "gguf"
+    capabilities = CAPABILITIES
     # verify's runtime-vs-reference gate on the same (dequantised) weights: llama.cpp multiplies
     # quantised weights with 8-bit-rounded activations, which flips near-tied top-1 tokens (the
     # demo at q4_0: 98 % top-1 with mean KL 3e-4); a layout or scale bug gives far less.
@@ -63,9 +72,10 @@ class GGUFBackend(BackendBase):
                               f"(supported: {', '.join(ARCH_OF)})",
                               hint="pick another backend with --backend (`arkinfer targets show "
                               "TARGET` lists them)")
-        if recipe is not None and recipe.format not in FORMATS:
+        formats = self.capabilities.formats
+        if recipe is not None and recipe.format not in formats:
             raise TargetError(f"quant format {recipe.format!r} cannot be stored in GGUF; use one "
-                              f"of {', '.join(FORMATS)}",
+                              f"of {', '.join(formats)}",
                               hint="pick a --quant preset of those formats, e.g. q4_0")
         return []
 
@@ -106,9 +116,7 @@ class GGUFBackend(BackendBase):
         # decode too: llama-cpp-python's own default is half the cores for single-token steps.
         n_threads = n_threads or torch.get_num_threads()
         path = Path(artifact_dir) / GGUF_FILE
-        # the cheap check first: the GGUF's keys are read only when a patched build exists
-        lib = patched_library_dir()
-        lib = lib if lib is not None and has_sparse_config(path) else None
+        lib = library_for(path)
         path, alias_dir = utf8_path(path)
         if lib is not None:
             # InfLLM v2: the patched libllama, in a child process (subprocess_runner.py)
@@ -142,23 +150,6 @@ def utf8_path(path: Path) -> tuple[Path, str | None]:
         link = Path(folder) / "model.gguf"
         os.symlink(os.path.abspath(path), link)
         return link, folder
-
-
-def has_sparse_config(gguf_path: Path) -> bool:
-    """True when the file carries InfLLM v2 keys (`<arch>.attention.indexer.block_size`)."""
-    import gguf
-
-    if not gguf_path.is_file():
-        return False
-    reader = gguf.GGUFReader(gguf_path)
-    return any(k.endswith(".attention.indexer.block_size") for k in reader.fields)
-
-
-def patched_library_dir() -> Path | None:
-    """The InfLLM v2 libllama (`arkinfer doctor --build-llamacpp`), unless ARKINFER_LLAMACPP=upstream."""
-    from .llamacpp_build import patched_library_dir as built
-
-    return None if os.environ.get("ARKINFER_LLAMACPP") == "upstream" else built()
 
 
 BACKEND = GGUFBackend()

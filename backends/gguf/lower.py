@@ -9,7 +9,6 @@ tensor at a time), so peak memory is about one tensor whatever the model size. A
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from collections import deque
 from itertools import islice
@@ -23,8 +22,10 @@ from arkinfer.backend import LowerRequest, LowerResult
 from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import open_checkpoint
 from arkinfer.frontend.gguf_model import ARCHS, ArchSpec
+from arkinfer.lowering.versions import version
 
 from .fast_writer import FastArrayWriter
+from .llamacpp_runtime import infllmv2_built
 from .metadata import write_metadata
 from .plan import ggml_rtn, plan_model
 from .tensors import tensor_bytes
@@ -51,25 +52,15 @@ def spec_for_model_type(model_type: str) -> ArchSpec:
     return ARCHS[ARCH_OF[model_type]]
 
 
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _ops(spec: ArchSpec, config, plan) -> dict[str, str]:
     types = sorted({t.qtype.name for t in plan.tensors if len(t.shape) == 2})
     sparse = getattr(config, "sparse_config", None)
     attention = ("dense (llama.cpp ignores arkinfer.sparse.*; InfLLM v2 is not run)" if sparse
                  else "dense (llama.cpp flash/soft-max attention)")
-    if sparse:
-        from .backend import patched_library_dir
-
-        if patched_library_dir() is not None:
-            attention = ("InfLLM v2 (patched llama.cpp, built by `arkinfer doctor "
-                         "--build-llamacpp`); upstream llama.cpp ignores "
-                         "minicpm.attention.indexer.* / arkinfer.sparse.* and runs this file dense")
+    if sparse and infllmv2_built():
+        attention = ("InfLLM v2 (patched llama.cpp, built by `arkinfer doctor "
+                     "--build-llamacpp`); upstream llama.cpp ignores "
+                     "minicpm.attention.indexer.* / arkinfer.sparse.* and runs this file dense")
     rope = ("NORM (interleaved pairs; q/k rows permuted at lowering)" if spec.permuted_qk
             else "NEOX (rotate-half; rows unpermuted)")
     if (config.rope_scaling or {}).get("rope_type") == "longrope":
@@ -153,14 +144,14 @@ def _write(request: LowerRequest, ckpt, spec: ArchSpec, plan, source, tensors: _
             writer.write_tensor_data(data)
     finally:
         writer.close()
-    toolchain = {"gguf": _version("gguf") or "unknown"}
-    if _version("llama_cpp_python"):
-        toolchain["llama-cpp-python"] = _version("llama_cpp_python")
+    toolchain = {"gguf": version("gguf") or "unknown"}
+    if version("llama_cpp_python"):
+        toolchain["llama-cpp-python"] = version("llama_cpp_python")
     notes = [f"tokenizer: {vocab.kind}", *plan.notes]
     quant = None
     if source is None and ggml_rtn(request.recipe, request.options):  # rounded here by ggml
         quant = {"bits_per_weight": _linear_bits(plan),
-                 "quantised_by": f"ggml's reference quantiser (gguf {_version('gguf')})"}
+                 "quantised_by": f"ggml's reference quantiser (gguf {version('gguf')})"}
     return LowerResult(files=[GGUF_FILE], ops=_ops(spec, config, plan), toolchain=toolchain,
                        notes=notes, layers=plan.layers, quant=quant)
 

@@ -31,7 +31,7 @@ from arkinfer.frontend.checkpoint import Checkpoint
 from arkinfer.frontend.gguf_model import ArchSpec
 from arkinfer.ops import rope as rope_ops
 
-from .backend import OPTIONS
+from .options import OPTIONS
 from .tensors import EMBED_TYPE, FLOAT_TYPES, TensorPlan, fit_type, gguf_name, qk_heads
 
 # the `embeddings=` values the backend declares, as ggml types (q8_0 -> GGMLType.Q8_0)

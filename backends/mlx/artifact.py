@@ -15,17 +15,15 @@ mlx-lm's save_model), so peak memory is one shard, not the model.
 from __future__ import annotations
 
 import json
-import shutil
-from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-from arkinfer.latency.storage import dtype_of
-from arkinfer.quant.export import TOKENIZER_FILES
 
 from arkinfer.backend import LowerRequest, LowerResult
 from arkinfer.frontend.checkpoint import open_checkpoint
 from arkinfer.frontend.shard_writer import INDEX_NAME, honour_umask, shard_names
+from arkinfer.latency.storage import dtype_of
+from arkinfer.lowering.tokenizer_files import copy_tokenizer_files, tokenizer_dir
+from arkinfer.lowering.versions import version
 
 from .backend import shard_bytes
 from .config import artifact_config
@@ -33,13 +31,6 @@ from .preflight import preflight
 from .tensors import TensorPlan, to_mx
 
 CONFIG_FILE = "config.json"
-
-
-def version(pkg: str) -> str | None:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 class ShardWriter:
@@ -99,15 +90,6 @@ def _ops(raw: dict[str, Any], quantization: dict[str, Any] | None) -> dict[str, 
             "rope": str(scaling.get("rope_type", scaling.get("type", "default")))}
 
 
-def _copy_tokenizer(src: Path, out: Path) -> list[str]:
-    files = []
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, out / name)
-            files.append(name)
-    return files
-
-
 def lower(request: LowerRequest) -> LowerResult:
     """Write the artifact into `request.out_dir` (see the module docstring)."""
     from .tensors import plan_tensors
@@ -138,9 +120,7 @@ def lower(request: LowerRequest) -> LowerResult:
     config = artifact_config(raw, quantization, float_dtype, untie_lm_head=untie)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     files.append(CONFIG_FILE)
-    tok_dir = request.model_dir if (request.model_dir / "tokenizer.json").is_file() \
-        else request.source_dir
-    files += _copy_tokenizer(Path(tok_dir), out)
+    files += copy_tokenizer_files(tokenizer_dir(request.model_dir, request.source_dir), out)
     quantised = [p for p in plans if p.kind == "quantised"]
     if quantised:
         notes.append(f"linear codes: {quantised[0].storage}; recipe "

@@ -16,9 +16,17 @@ import math
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, BackendOption, LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, BackendOption, Capabilities, LowerRequest, LowerResult
 from arkinfer.errors import ArkError
 
+CAPABILITIES = Capabilities(
+    # mlx stored as it is; gptq / awq codes repacked to MLX affine, exactly. Bits and group sizes
+    # are MLX affine's (the `mlx` format's constraints); MLX groups consecutive columns, so no
+    # act-order.
+    formats=("mlx", "gptq", "awq"),
+    cache_dtypes=("f32", "f16", "bf16"),  # the KV cache is kept in the weights' float dtype
+    extra="mlx", packages={"mlx": ""},
+)
 MAX_SHARD_BYTES = 5 << 30  # mlx-lm's MAX_FILE_SIZE_GB
 # `--option KEY=VALUE` (README.md, "Tensors"; tensors.py and artifact.py read them)
 OPTIONS = {
@@ -48,6 +56,7 @@ def shard_bytes(options: dict[str, str]) -> int:
 
 class MLXBackend(BackendBase):
     name = "mlx"
+    capabilities = CAPABILITIES
     lowers_from_ir = False  # the artifact is weights + config: build skips the trace
     options = OPTIONS
 

@@ -2,9 +2,10 @@
 
 - Architectures: those with a model file in mlx-lm (`mlx_lm/models/<model_type>.py`) that the
   artifact targets: `minicpm` (MiniCPM4 / 4.1), `llama`, `mistral`, `qwen2`, `qwen3`.
-- Quantised builds: storage format `mlx` (RTN presets: mlx4, mlx8), or `gptq` / `awq` (calibrated
-  codes, repacked to MLX affine with fp32 scales and biases, exactly). Bits 2/3/4/8 and group
-  sizes 32/64/128 (MLX's affine modes); no act-order (MLX has no g_idx).
+- Quantised builds: the formats the backend declares (`Capabilities`): storage format `mlx` (RTN
+  presets: mlx4, mlx8), or `gptq` / `awq` (calibrated codes, repacked to MLX affine with fp32
+  scales and biases, exactly). Bits 2/3/4/8 and group sizes 32/64/128 (MLX's affine modes, the
+  `mlx` format's constraints); no act-order (MLX has no g_idx).
 - Every linear the recipe quantises must fit MLX's shape rules (`MLX.shape_refusal`: the group
   size divides in_features, in_features*bits a multiple of 32). A layer that does not is a
   plan-time `TargetError` naming it, never a silent float fallback.
@@ -22,12 +23,10 @@ import torch
 from arkinfer.quant.formats import get_format
 
 from arkinfer import models
+from arkinfer.backend import Capabilities, get_backend
 from arkinfer.errors import TargetError
 
 MODEL_TYPES = ("minicpm", "llama", "mistral", "qwen2", "qwen3")
-# recipe formats the backend stores: mlx as it is, gptq / awq codes repacked to MLX affine
-FORMATS = ("mlx", "gptq", "awq")
-FLOAT_DTYPES = ("f32", "f16", "bf16")
 
 
 def linear_layers(raw_config: dict[str, Any]) -> dict[str, tuple[int, int]]:
@@ -39,12 +38,12 @@ def linear_layers(raw_config: dict[str, Any]) -> dict[str, tuple[int, int]]:
             if isinstance(m, torch.nn.Linear)}
 
 
-def check_recipe(recipe: Any) -> None:
+def check_recipe(recipe: Any, caps: Capabilities) -> None:
     """Raise TargetError unless MLX affine can hold the recipe's codes (format, bits, group)."""
     mlx = get_format("mlx").constraints
-    if recipe.format not in FORMATS:
+    if recipe.format not in caps.formats:
         raise TargetError(f"quant format {recipe.format!r} cannot be stored by the mlx backend "
-                          f"(it stores {', '.join(FORMATS)})",
+                          f"(it stores {', '.join(caps.formats)})",
                           hint="use --quant mlx4, mlx8, gptq or awq")
     if recipe.bits not in mlx.bits:
         raise TargetError(f"{recipe.bits}-bit codes have no MLX affine mode (bits {mlx.bits})",
@@ -53,7 +52,7 @@ def check_recipe(recipe: Any) -> None:
         raise TargetError(f"group_size={recipe.group_size} is not an MLX affine group size "
                           f"(allowed {mlx.group_sizes})",
                           hint="quantise with a group size of 32, 64 or 128")
-    if recipe.desc_act:
+    if recipe.desc_act and not caps.act_order:
         raise TargetError("GPTQ act-order (desc_act, a permuting g_idx) has no MLX form: MLX "
                           "groups consecutive input columns", hint="quantise with desc_act=False")
 
@@ -114,6 +113,9 @@ def compat_notes(raw_config: dict[str, Any]) -> list[str]:
 
 def preflight(raw_config: dict[str, Any], recipe: Any, target: Any, dtype: str) -> list[str]:
     """Raise TargetError when the MLX artifact cannot be built; else the notes to report."""
+    # the declaration from the registry: backend.py imports this module, so this one does not
+    # import backend.py
+    caps = get_backend("mlx").capabilities
     model_type = raw_config.get("model_type")
     if model_type not in MODEL_TYPES:
         raise TargetError(f"model_type {model_type!r} has no MLX model here (supported: "
@@ -123,10 +125,10 @@ def preflight(raw_config: dict[str, Any], recipe: Any, target: Any, dtype: str) 
     if target is not None:
         target.check("mlx", recipe.format if recipe is not None else None, None)
     if recipe is None:
-        if dtype not in FLOAT_DTYPES:
-            raise TargetError(f"dtype {dtype!r} is not an MLX float type ({', '.join(FLOAT_DTYPES)})",
+        if dtype not in caps.dtypes:
+            raise TargetError(f"dtype {dtype!r} is not an MLX float type ({', '.join(caps.dtypes)})",
                               hint="build with --quant f16, bf16 or f32")
     else:
-        check_recipe(recipe)
+        check_recipe(recipe, caps)
         check_shapes(raw_config, recipe)
     return compat_notes(raw_config)

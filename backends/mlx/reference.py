@@ -6,7 +6,7 @@ A quantised artifact's tensors are MLX affine (mx.quantize's biases are group mi
 no canonical zero point), so the reference model cannot read them through `quant.load`. This
 writes them once, dequantised by MLX's formula scale*q + bias in float32
 (`quant/formats/mlx.py: MLXFormat.dequantize`, numpy), as a float32 Hugging Face folder in
-ArkInfer's cache; verify then checks the MLX runtime against the reference model on the same
+ArkInfer's cache (`arkinfer.lowering.reference_folder`); verify then checks the MLX runtime against the reference model on the same
 weights. The key is a SHA-256 of the artifact's config and weight files, so an artifact rebuilt
 in place gets a new folder. A float artifact is already a Hugging Face folder: it is returned
 as it is.
@@ -14,8 +14,6 @@ as it is.
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,23 +21,17 @@ import numpy as np
 from arkinfer.quant.formats import get_format
 
 from arkinfer.errors import ArkError
-from arkinfer.frontend.cache import cache_dir_path, content_key, locked
 from arkinfer.frontend.checkpoint import read_config
 from arkinfer.frontend.safetensors_io import weight_files
-from arkinfer.frontend.shard_writer import TensorSpec, finish_float_folder, write_shards
+from arkinfer.frontend.shard_writer import TensorSpec, write_shards
+from arkinfer.lowering.reference_folder import (
+    REFERENCE_SHARD_BYTES,
+    cached_reference_folder,
+)
 
 from .config import quantization_of
 
-DONE_FILE = "arkinfer_mlx_reference.json"
 REFERENCE_VERSION = "1"
-MAX_SHARD_BYTES = 2 << 30
-
-
-def _key(artifact: Path, files: list[Path]) -> str:
-    digest = hashlib.sha256(REFERENCE_VERSION.encode())
-    for f in [artifact / "config.json", *files]:
-        digest.update(f"{f.name}:{content_key(f)};".encode())
-    return digest.hexdigest()[:16]
 
 
 def _float_tensors(files: list[Path], raw: dict) -> tuple[list[TensorSpec], Callable]:
@@ -87,18 +79,12 @@ def reference_folder(artifact_dir: str | Path) -> Path:
     files = [f for f in weight_files(artifact) if f.suffix == ".safetensors"]
     if not files:
         raise ArkError(f"{artifact} has no model*.safetensors", hint="rebuild the artifact")
-    # named by content only: the build writes the artifact in a staging folder first
-    out = cache_dir_path() / "mlx-reference" / _key(artifact, files)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with locked(out.parent, f"mlx-reference-{out.name}"):
-        if (out / DONE_FILE).is_file():
-            return out
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        specs, produce = _float_tensors(files, raw)
-        write_shards(out, specs, produce, "f32", MAX_SHARD_BYTES)
-        # mlx_lm.convert also writes a copy as "quantization_config", which the reference
-        # loader would read as a (non-MLX) quantised folder: drop both.
-        finish_float_folder(out, artifact, raw, ("quantization", "quantization_config"),
-                            DONE_FILE, REFERENCE_VERSION)
-    return out
+
+    def write_tensors(out: Path) -> None:
+        write_shards(out, *_float_tensors(files, raw), "f32", REFERENCE_SHARD_BYTES)
+
+    # mlx_lm.convert also writes a copy as "quantization_config", which the reference loader
+    # would read as a (non-MLX) quantised folder: drop both.
+    return cached_reference_folder("mlx", artifact, [artifact / "config.json", *files], raw,
+                                   ("quantization", "quantization_config"), write_tensors,
+                                   REFERENCE_VERSION)

@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-from importlib import metadata
 from pathlib import Path
 
 import onnx
@@ -22,6 +20,9 @@ import torch
 
 from arkinfer import __version__, ir
 from arkinfer.backend import LowerRequest, LowerResult
+from arkinfer.lowering.hf_folder import HF_DIR, copy_hf_folder
+from arkinfer.lowering.tokenizer_files import copy_tokenizer_files, tokenizer_dir
+from arkinfer.lowering.versions import version
 
 from . import fn_fused
 from .lower_onnx import lower_to_onnx
@@ -30,17 +31,6 @@ from .runner import ONNX_FILE
 from .weights import FolderWeights
 
 DATA_FILE = "model.onnx.data"
-HF_DIR = "hf"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                   "special_tokens_map.json", "chat_template.jinja")
-
-
-def version(pkg: str) -> str:
-    """The installed version of `pkg`, or "unknown"."""
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def lower(request: LowerRequest, backend: str = "onnx") -> LowerResult:
@@ -70,17 +60,11 @@ def lower(request: LowerRequest, backend: str = "onnx") -> LowerResult:
                     all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
     onnx.checker.check_model(str(out / ONNX_FILE))
     files = [ONNX_FILE, DATA_FILE]
-    tok_dir = request.model_dir if (request.model_dir / "tokenizer.json").is_file() \
-        else request.source_dir
-    for name in TOKENIZER_FILES:
-        if (Path(tok_dir) / name).is_file():
-            shutil.copy2(Path(tok_dir) / name, out / name)
-            files.append(name)
+    files += copy_tokenizer_files(tokenizer_dir(request.model_dir, request.source_dir), out)
     notes = []
     if src.format is not None:
-        request.progress(f"copying the {src.format} checkpoint to hf/")
-        shutil.copytree(request.model_dir, out / HF_DIR)
-        files += [f"{HF_DIR}/{p.name}" for p in sorted((out / HF_DIR).iterdir())]
+        request.progress(f"copying the {src.format} checkpoint to {HF_DIR}/")
+        files += copy_hf_folder(request.model_dir, out)
     else:
         notes.append("float build: no hf/ checkpoint copied (the source folder is the float "
                      "checkpoint)")
@@ -97,6 +81,6 @@ def lower(request: LowerRequest, backend: str = "onnx") -> LowerResult:
                        "com.microsoft.SkipSimplifiedLayerNormalization)",
            "rope": "inside arkinfer.RotaryGQA (cos/sin from positions)" if gqa else
                    "standard ONNX ops (cos/sin from positions)"}
-    toolchain = {"onnx": version("onnx"), "onnxruntime": version("onnxruntime"),
-                 "opset": "21 + arkinfer 1"}
+    toolchain = {"onnx": version("onnx") or "unknown",
+                 "onnxruntime": version("onnxruntime") or "unknown", "opset": "21 + arkinfer 1"}
     return LowerResult(files=files, ops=ops, toolchain=toolchain, notes=notes, layers=layers)

@@ -14,11 +14,19 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, Capabilities, LowerRequest, LowerResult
+
+CAPABILITIES = Capabilities(
+    # quantised linears are arkinfer.MarlinLinear / arkinfer.Int4Linear functions: 4-bit codes
+    # with a g_idx input (act-order runs through the function body; MatMulNBits has no g_idx)
+    formats=("marlin", "gptq", "awq"), bits=(4,), act_order=True,
+    extra="onnx", packages={"onnx": "graph", "onnxruntime": "host runner"},
+)
 
 
 class OnnxBackend(BackendBase):
     name = "onnx"
+    capabilities = CAPABILITIES
 
     def available(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxruntime"))
@@ -34,7 +42,7 @@ class OnnxBackend(BackendBase):
 
         if target is not None:
             target.check(self.name, recipe.format if recipe is not None else None, None)
-        check_lowerable(raw_config, recipe, self.name)
+        check_lowerable(raw_config, recipe, self.name, self.capabilities)
         return []
 
     def lower(self, request: LowerRequest) -> LowerResult:

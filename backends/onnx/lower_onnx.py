@@ -32,11 +32,12 @@ from arkinfer.errors import NotAvailableError
 from arkinfer.ir import dims
 from arkinfer.ir.graph import Node, Program
 from arkinfer.ir.ops import Op
+from arkinfer.lowering.source_weights import PackedLinear
 
 from . import fn_fused, fn_infllmv2, fn_linear
 from .groups import AttentionGroup, find_groups
 from .onnx_build import DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, NodeBuilder
-from .weights import FolderWeights, QuantLinear, tensor_proto
+from .weights import FolderWeights, tensor_proto
 
 
 def io_names(layers: int, sparse: bool) -> tuple[list[str], list[str]]:
@@ -81,14 +82,14 @@ class _Lowering:
 
     def linear(self, x: str, name: str, bias: str | None) -> str:
         shape = self.program.weights[name].type.shape
-        q = self.src.quantised(name, shape)
+        q = self.src.packed(name, shape)
         if q is None:
             y = self.b.op("MatMul", x, self.b.op("Transpose", self.float_weight(name), perm=[1, 0]))
         else:
             y = self.quant_linear(x, q)
         return y if bias is None else self.b.op("Add", y, self.float_weight(bias))
 
-    def quant_linear(self, x: str, q: QuantLinear) -> str:
+    def quant_linear(self, x: str, q: PackedLinear) -> str:
         for key, arr in q.tensors.items():
             self.inits[f"{q.owner}.{key}"] = tensor_proto(f"{q.owner}.{key}", arr)
         attrs = {"in_features": q.in_features, "out_features": q.out_features,

@@ -1,9 +1,9 @@
 """What the ONNX lowering can take, checked from config.json alone before any weight is read.
 
-- Quantised linears become `arkinfer.MarlinLinear` / `arkinfer.Int4Linear` functions: formats
-  marlin, gptq and awq, 4 bits, and the format's own shape rules (`Format.shape_refusal`, e.g.
-  Marlin's in_features multiple of 128 and out_features multiple of 64) on every linear the
-  recipe quantises.
+- Quantised linears become `arkinfer.MarlinLinear` / `arkinfer.Int4Linear` functions: the
+  formats and bits the backend declares (`Capabilities`: marlin, gptq and awq at 4 bits), and
+  the format's own shape rules (`Format.shape_refusal`, e.g. Marlin's in_features multiple of
+  128 and out_features multiple of 64) on every linear the recipe quantises.
 - `sparse_config.use_nope=true` (selection on pre-RoPE q/k) has no lowering yet.
 
 Errors are `TargetError`s naming the first layer that fails and every layer name pattern affected.
@@ -15,21 +15,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import torch
-
-from arkinfer import models
+from arkinfer.backend import Capabilities
 from arkinfer.errors import TargetError
-
-from .weights import FUNCTION_FORMATS
-
-
-def linear_shapes(raw_config: dict) -> dict[str, tuple[int, int]]:
-    """Every nn.Linear of the model: name -> (out_features, in_features), from config.json."""
-    config = models.parse_config(raw_config, "config.json")
-    with torch.device("meta"):
-        model = models.build_model(config)
-    return {name: (m.out_features, m.in_features) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear)}
+from arkinfer.lowering.linears import linear_shapes
 
 
 def check_shapes(raw_config: dict, recipe: Any) -> None:
@@ -53,16 +41,20 @@ def check_shapes(raw_config: dict, recipe: Any) -> None:
                           "(e.g. 64 or 32), or skip those layers in the recipe")
 
 
-def check_lowerable(raw_config: dict, recipe: Any, backend: str = "onnx") -> None:
-    """Raise TargetError unless the ONNX lowering takes this model and recipe."""
+def check_lowerable(raw_config: dict, recipe: Any, backend: str,
+                    caps: Capabilities) -> None:
+    """Raise TargetError unless the ONNX lowering takes this model and recipe (`caps`: the
+    declaration of `backend`, onnx or one built on it)."""
     if recipe is not None:
         fmt = recipe.format
-        if fmt not in FUNCTION_FORMATS:
+        if fmt not in caps.formats:
             raise TargetError(f"quant format {fmt!r} has no arkinfer ONNX op in the {backend} "
-                              "backend", hint="use --quant marlin, gptq or awq")
-        if int(recipe.bits) != 4:
+                              "backend", hint=f"use --quant {', '.join(caps.formats)}")
+        if int(recipe.bits) not in caps.bits:
+            bits = " or ".join(map(str, caps.bits))
             raise TargetError(f"{fmt} with {recipe.bits} bits: the {backend} backend's linears "
-                              "(MarlinLinear / Int4Linear) are 4-bit", hint="quantise with --bits 4")
+                              f"(MarlinLinear / Int4Linear) are {bits}-bit",
+                              hint=f"quantise with --bits {caps.bits[0]}")
         check_shapes(raw_config, recipe)
     if (raw_config.get("sparse_config") or {}).get("use_nope"):
         raise TargetError("sparse_config.use_nope=true is not supported by "

@@ -13,15 +13,21 @@ import shutil
 from pathlib import Path
 
 import torch
+from arkinfer.quant.formats import all_formats
 
-from arkinfer.backend import BackendBase, LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, Capabilities, LowerRequest, LowerResult
 from arkinfer.frontend.checkpoint import read_config
 
 MODEL_DIR = "model"
+CAPABILITIES = Capabilities(
+    # every registered format: `quant.load` unpacks each with its numpy reference (g_idx too)
+    formats=tuple(f.name for f in all_formats()), act_order=True,
+)
 
 
 class ReferenceBackend(BackendBase):
     name = "reference"
+    capabilities = CAPABILITIES
 
     def available(self) -> bool:
         return True

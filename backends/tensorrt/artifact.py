@@ -8,6 +8,9 @@
       hf/                           the quantised Hugging Face folder vLLM / SGLang load (marlin,
                                     gptq or awq; checked here against vLLM's loader rules)
       arkinfer.json                 the manifest (written by the pipeline)
+
+The onnx part is the onnx backend's own lowering, reached through the class this backend
+extends (backend.py: `TensorRTBackend(OnnxBackend)`), never by importing backends/onnx here.
 """
 
 from __future__ import annotations
@@ -15,11 +18,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from arkinfer.backend import LowerRequest, LowerResult
-from arkinfer.backends.onnx.artifact import HF_DIR
-from arkinfer.backends.onnx.artifact import lower as onnx_lower
-from arkinfer.backends.onnx.weights import FolderWeights
+from arkinfer.backend import LowerRequest, LowerResult, get_backend
 from arkinfer.errors import ArkError
+from arkinfer.lowering.hf_folder import HF_DIR
+from arkinfer.lowering.source_weights import SourceWeights
 
 from .preflight import preflight
 from .vllm_rules import vllm_problems
@@ -44,12 +46,19 @@ def _prepare_for_vllm(dst: Path, fmt: str) -> list[str]:
     return notes
 
 
+def onnx_artifact(request: LowerRequest) -> LowerResult:
+    """The onnx backend's artifact written under this backend's name: the `lower` of the class
+    TensorRTBackend extends, looked up through the registry (backend.py imports this module)."""
+    backend = get_backend("tensorrt")
+    return super(type(backend), backend).lower(request)
+
+
 def lower(request: LowerRequest) -> LowerResult:
-    """The ONNX artifact (backends/onnx) plus the device gates' notes and an `hf/` folder
+    """The ONNX artifact (the onnx backend's) plus the device gates' notes and an `hf/` folder
     prepared for vLLM."""
-    src = FolderWeights(request.model_dir)
+    src = SourceWeights(request.model_dir)
     notes = preflight(src.raw, request.recipe, request.target, request.dtype)
-    result = onnx_lower(request, "tensorrt")
+    result = onnx_artifact(request)
     hf = Path(request.out_dir) / HF_DIR
     if hf.is_dir():
         notes += _prepare_for_vllm(hf, src.format)

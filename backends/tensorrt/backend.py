@@ -18,6 +18,9 @@ from arkinfer.backends.onnx.backend import OnnxBackend
 
 class TensorRTBackend(OnnxBackend):
     name = "tensorrt"
+    # the onnx lowering's: the same graph, formats and host runner; the device gates (CUDA
+    # capability, FP8) are the target's, checked in preflight.py
+    capabilities = OnnxBackend.capabilities
 
     def install_hint(self) -> str:
         return "pip install 'arkinfer[onnx]'  (onnx + onnxruntime; TensorRT itself runs on the device)"

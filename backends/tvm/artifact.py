@@ -17,19 +17,18 @@ artifact).
 from __future__ import annotations
 
 import json
-import shutil
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from arkinfer.quant.export import TOKENIZER_FILES
 
 from arkinfer import ir
 from arkinfer.backend import LowerRequest, LowerResult
 from arkinfer.errors import ArkError
 from arkinfer.frontend.shard_writer import honour_umask
+from arkinfer.lowering.tokenizer_files import TOKENIZER_FILES, copy_tokenizer_files
+from arkinfer.lowering.versions import version
 
 from .backend import OPTIONS
 from .compile import DEVICE_VARIANTS, Build, build
@@ -151,11 +150,7 @@ def write(b: Build, out: Path, source_dir: Path, layers: dict[str, str],
                                   "Reduction, GeneralReduction, Fallback"},
             "layers": layers}
     (out / MODULE_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    for name in ("config.json", *TOKENIZER_FILES):
-        if (source_dir / name).is_file() and not (out / name).exists():
-            shutil.copy2(source_dir / name, out / name)
-            files.append(name)
-    return files
+    return files + copy_tokenizer_files(source_dir, out, ("config.json", *TOKENIZER_FILES))
 
 
 def lower(request: LowerRequest, passes: tuple[str, ...]) -> LowerResult:
@@ -169,5 +164,5 @@ def lower(request: LowerRequest, passes: tuple[str, ...]) -> LowerResult:
     b = build(program, params, devices=variants, decode_activations=activations)
     files = write(b, request.out_dir, Path(request.source_dir), layers, activations)
     return LowerResult(files=files, ops=dict(b.signature.ops),
-                       toolchain={"apache-tvm": metadata.version("apache-tvm")},
+                       toolchain={"apache-tvm": version("apache-tvm") or "unknown"},
                        notes=notes_for(variants, activations), layers=layers)

@@ -15,7 +15,16 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, BackendOption, LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, BackendOption, Capabilities, LowerRequest, LowerResult
+
+CAPABILITIES = Capabilities(
+    # the int4 kernel (kernels_linear.linear_q4) reads uniform 4-bit codes with static groups,
+    # repacked losslessly from any of these formats' canonical weights (weights.py)
+    formats=("gguf-q4_0", "gguf-q4_1", "ort", "onnx-qdq", "gptq", "awq", "marlin", "mlx"),
+    bits=(4,),
+    extra="tvm", packages={"apache-tvm": ""},
+    remote_bench=True,  # `bench --rpc`: TVM RPC (rpc_bench.py)
+)
 
 # `--option KEY=VALUE` (artifact.py reads them; README.md explains each)
 OPTIONS = {
@@ -29,6 +38,7 @@ OPTIONS = {
 
 class TVMBackend(BackendBase):
     name = "tvm"
+    capabilities = CAPABILITIES
     # RoPE as a position-indexed cos|sin table (a gather per call, like MLC-LLM); q/k/v and
     # gate/up stay separate linears: the quantised checkpoint stores them separately.
     ir_passes = ("fold_rope_tables", "dce")
@@ -46,7 +56,7 @@ class TVMBackend(BackendBase):
         without a TVM lowering); else notes. Reads config.json only."""
         from .preflight import preflight
 
-        return preflight(raw_config, recipe, target, dtype, self.ir_passes)
+        return preflight(raw_config, recipe, target, dtype, self.ir_passes, self.capabilities)
 
     def check_options(self, options: dict[str, str]) -> None:
         """`devices=` at plan time (the other keys are declared choices)."""

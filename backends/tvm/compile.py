@@ -11,15 +11,15 @@ eval and bench) and the device builds (OpenCL with an aarch64 Android host: Adre
 GPU schedules are TVM's own: `relax.get_default_pipeline(target)` applies dlight's default
 rules (Adreno: Reduction, GeneralReduction, Fallback; other OpenCL devices: gpu_generic's Matmul,
 GEMV, Reduction, GeneralReduction, Fallback); nothing here binds a loop by hand. The pipeline
-is run in two halves (dispatch + legalize + schedule, then lowering + finalisation) so the
-scheduled module is exactly what codegen compiles. The host build uses the CPU default pipeline
-plus dlight with cpu_schedule.py's rules (rfactored, vectorised, parallel linears; dlight's CPU
-Reduction rule; parallel outer loops), for this CPU and its core count.
+is run in two halves (default_pipeline.py: dispatch + legalize + schedule, then lowering +
+finalisation) so the scheduled module is exactly what codegen compiles. The host build uses
+the CPU default pipeline plus dlight with cpu_schedule.py's rules (rfactored, vectorised,
+parallel linears; dlight's CPU Reduction rule; parallel outer loops), for this CPU and its core
+count.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,7 @@ from tvm.target import Target
 
 from arkinfer.errors import ArkError
 
+from .default_pipeline import finish, host_target, schedule
 from .lower_relax import HostDecode, Signature, lower_program
 
 ANDROID_HOST: dict[str, Any] = {"kind": "llvm", "mtriple": "aarch64-linux-android"}
@@ -60,55 +61,6 @@ def device_target(variant: str, host: dict[str, Any] | None = None) -> Target:
         raise ArkError(f"unknown tvm device variant {variant!r}; known: {sorted(DEVICE_VARIANTS)}",
                        hint="pass --option devices=adreno,mali (a subset)")
     return Target(DEVICE_VARIANTS[variant], host=host or ANDROID_HOST)
-
-
-def host_target() -> Target:
-    """llvm for this machine's CPU (its features enable LLVM's vectoriser) and its core count
-    (the parallel loops of cpu_schedule.py)."""
-    cpu = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName", allow_missing=True)
-    spec: dict[str, Any] = {"kind": "llvm", "num-cores": os.cpu_count() or 1}
-    if cpu is not None:
-        spec["mcpu"] = cpu()
-    return Target(spec)
-
-
-def _default_pipeline_module(target: Target):
-    """The module whose `get_default_pipeline` `relax.get_default_pipeline(target)` returns (the
-    same dispatch; read directly because 0.27's `relax.pipeline.dataflow_lower_passes` fails for
-    llvm: cpu_generic's package does not re-export it)."""
-    import importlib
-
-    if target.kind.name == "llvm":
-        return importlib.import_module("tvm.relax.backend.cpu_generic.pipeline")
-    if target.kind.name == "opencl" and "adreno" in target.keys:
-        return importlib.import_module("tvm.relax.backend.adreno.pipeline")
-    return importlib.import_module("tvm.relax.backend.gpu_generic.pipeline")
-
-
-def schedule(mod: tvm.IRModule, target: Target, cpu_rules: bool = True) -> tvm.IRModule:
-    """First half of `relax.get_default_pipeline(target)`: library dispatch, legalisation, fusion
-    and (on GPUs) dlight's default schedules; on llvm, then dlight with cpu_schedule's rules
-    (`cpu_rules=False`: the plain loops of the CPU default pipeline). Returns Relax + scheduled
-    TIR PrimFuncs."""
-    from tvm.s_tir import dlight
-
-    from .cpu_schedule import host_rules
-
-    pipeline = _default_pipeline_module(target)
-    with target, tvm.transform.PassContext(opt_level=3):
-        passes = pipeline.library_dispatch_passes(target) + pipeline.legalize_passes(target)
-        if target.kind.name == "llvm" and cpu_rules:
-            passes.append(dlight.ApplyDefaultSchedule(*host_rules()))
-        return tvm.transform.Sequential(passes)(mod)
-
-
-def finish(scheduled: tvm.IRModule, target: Target) -> relax.VMExecutable:
-    """Second half of the default pipeline (dataflow lowering, memory planning, VM lowering),
-    then TIR lowering and codegen."""
-    pipeline = _default_pipeline_module(target)
-    rest = tvm.transform.Sequential(pipeline.dataflow_lower_passes(target)
-                                    + pipeline.finalize_passes(target))
-    return tvm.compile(scheduled, target=target, relax_pipeline=rest)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Schedules of the host (llvm) build: dlight's CPU rules plus small rules of ours, applied
 with `dlight.ApplyDefaultSchedule` after the CPU default pipeline's legalisation and fusion
-(`compile.schedule` calls `host_rules(target)` for llvm targets; first match wins).
+(`default_pipeline.schedule` calls `host_rules(target)` for llvm targets; first match wins).
 
     LinearRows    every reduction over a contiguous last axis: the int4 `q4_linear` (its
                   (word, lane) axes), the float `linear` (k split into k_o x 8) and the

@@ -116,7 +116,7 @@ class InfLLMv2Module:
     def __init__(self, hq: int, hkv: int, dim: int, cfg: SparseConfig, scale: float) -> None:
         import tvm
 
-        from .compile import finish, host_target, schedule
+        from .default_pipeline import finish, host_target, schedule
 
         self.cfg = cfg
         bb = relax.BlockBuilder()

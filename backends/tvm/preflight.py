@@ -1,8 +1,9 @@
 """What the TVM lowering can take, checked before any weight is read (plan and build).
 
-- Quantised linears become `kernels_linear.linear_q4`: uniform 4-bit, static groups (no
-  act-order), a group size that divides every quantised linear's in_features and is a multiple
-  of 8 (one uint32 word holds 8 codes). A layer that breaks a rule is named.
+- Quantised linears become `kernels_linear.linear_q4`: the formats and bits the backend
+  declares (`Capabilities`: uniform 4-bit codes), static groups (no act-order), a group size
+  that divides every quantised linear's in_features and is a multiple of 8 (one uint32 word
+  holds 8 codes). A layer that breaks a rule is named.
 - Every IR op of the model must have an entry in `lower_relax.LOWERINGS`: the model is traced
   shape-only with ONE decoder layer (the same op set as the whole model, in about a second) and
   an op without a lowering is named.
@@ -17,20 +18,25 @@ from typing import Any
 
 import torch
 
+from arkinfer.backend import Capabilities
 from arkinfer.errors import TargetError
 
 
-def check_recipe(raw_config: dict, recipe: Any) -> None:
+def check_recipe(raw_config: dict, recipe: Any, caps: Capabilities) -> None:
     """Raise TargetError naming the first linear the int4 kernel cannot take."""
     if recipe is None:
         return
-    if int(recipe.bits) != 4 or recipe.calib == "ternary":
+    if recipe.format not in caps.formats:
+        raise TargetError(f"--quant {recipe.describe()}: the tvm backend's int4 kernel takes "
+                          f"uniform 4-bit codes stored as {', '.join(caps.formats)}",
+                          hint="use --quant q4_0 (int4) or ort4")
+    if int(recipe.bits) not in caps.bits or recipe.calib == "ternary":
         raise TargetError(f"--quant {recipe.describe()}: the tvm backend's int4 kernel takes "
                           "uniform 4-bit weights", hint="use --quant q4_0 (int4) or ort4")
-    if recipe.desc_act:
+    if recipe.desc_act and not caps.act_order:
         raise TargetError("act-order (desc_act=True) weights are not supported by the tvm "
                           "int4 kernel (static groups only)", hint="quantise with desc_act=False")
-    from arkinfer.backends.onnx.preflight import linear_shapes
+    from arkinfer.lowering.linears import linear_shapes
 
     bad = []
     for name, (out, inp) in linear_shapes(raw_config).items():
@@ -66,10 +72,10 @@ def check_ops(raw_config: dict, passes: tuple[str, ...]) -> None:
 
 
 def preflight(raw_config: dict, recipe: Any, target: Any, dtype: str,
-              passes: tuple[str, ...]) -> list[str]:
+              passes: tuple[str, ...], caps: Capabilities) -> list[str]:
     if target is not None:
         target.check("tvm", recipe.format if recipe is not None else None, None)
-    check_recipe(raw_config, recipe)
+    check_recipe(raw_config, recipe, caps)
     sparse = raw_config.get("sparse_config")
     if sparse and sparse.get("use_nope"):
         raise TargetError("sparse_config.use_nope=true is not supported by the tvm backend",

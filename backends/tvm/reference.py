@@ -7,29 +7,30 @@ Written once from the artifact's own params.safetensors: q4 linears dequantised 
 are, as a float32 Hugging Face folder (config.json without quantization_config, tokenizer files).
 verify then compares the host module with the reference model on the same weights, which
 separates lowering / runtime error from quantisation error. The key hashes the artifact's
-params and config, so an artifact rebuilt in place gets a new folder.
+params and config, so an artifact rebuilt in place gets a new folder
+(`arkinfer.lowering.reference_folder`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from arkinfer.frontend.cache import cache_dir_path, content_key, locked
 from arkinfer.frontend.checkpoint import read_config
-from arkinfer.frontend.shard_writer import TensorSpec, finish_float_folder, write_shards
+from arkinfer.frontend.shard_writer import TensorSpec, write_shards
+from arkinfer.lowering.reference_folder import (
+    REFERENCE_SHARD_BYTES,
+    cached_reference_folder,
+)
 
-from .weights import CODES, SCALES, ZEROS
+from .weights import CODES, SCALES, ZEROS, dequantize_q4
 
-DONE_FILE = "arkinfer_tvm_reference.json"
 REFERENCE_VERSION = "1"
-MAX_SHARD_BYTES = 2 << 30
 
 
 def reference_folder(artifact_dir: str | Path) -> Path:
+    """A float Hugging Face folder with the artifact's exact (dequantised) weights."""
     from safetensors import safe_open
 
     from .runner import read_module_info
@@ -37,16 +38,8 @@ def reference_folder(artifact_dir: str | Path) -> Path:
     artifact = Path(artifact_dir)
     info = read_module_info(artifact)
     params = artifact / info["params_file"]
-    digest = hashlib.sha256(REFERENCE_VERSION.encode())
-    for f in (artifact / "config.json", params):
-        digest.update(f"{f.name}:{content_key(f)};".encode())
-    out = cache_dir_path() / "tvm-reference" / digest.hexdigest()[:16]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with locked(out.parent, f"tvm-reference-{out.name}"):
-        if (out / DONE_FILE).is_file():
-            return out
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
+
+    def write_tensors(out: Path) -> None:
         with safe_open(str(params), "numpy") as f:
             names = list(f.keys())
             specs, packed = [], {}
@@ -64,14 +57,13 @@ def reference_folder(artifact_dir: str | Path) -> Path:
             def produce(spec: TensorSpec) -> np.ndarray:
                 if spec.name not in packed:
                     return f.get_tensor(spec.name).astype(np.float32)
-                from .weights import dequantize_q4
-
                 owner = packed[spec.name]
                 tensors = {k: f.get_tensor(f"{owner}.{k}") for k in (CODES, SCALES, ZEROS)
                            if f"{owner}.{k}" in names}
                 return dequantize_q4(tensors, spec.shape[1])
 
-            write_shards(out, specs, produce, "f32", MAX_SHARD_BYTES)
-        finish_float_folder(out, artifact, read_config(artifact), ("quantization_config",),
-                            DONE_FILE, REFERENCE_VERSION)
-    return out
+            write_shards(out, specs, produce, "f32", REFERENCE_SHARD_BYTES)
+
+    return cached_reference_folder("tvm", artifact, [artifact / "config.json", params],
+                                   read_config(artifact), ("quantization_config",), write_tensors,
+                                   REFERENCE_VERSION)

@@ -193,7 +193,7 @@ def rpc_bench(artifact_dir: str | Path, manifest: dict[str, Any], remote: Remote
               progress: Step | None = None) -> list[dict[str, Any]]:
     """llama-bench rows (arkinfer.pipeline.bench's fields) measured on `remote`. `progress` is
     told each remote step before it starts (`Step`: description, extra seconds it may need)."""
-    from arkinfer.pipeline.bench import _common_fields, _row, bench_tokens
+    from arkinfer.pipeline.bench import bench_row, bench_tokens, common_fields
 
     from .lower_relax import Signature
     from .runner import load_params, read_module_info
@@ -211,7 +211,7 @@ def rpc_bench(artifact_dir: str | Path, manifest: dict[str, Any], remote: Remote
     need = max(spec.depths) + max(spec.prompts + spec.gens) + 1
     tokens = bench_tokens(_Tokenizer(artifact_dir), need)
     step("ask the remote for its device name")
-    common = _common_fields(manifest, remote.device_name(device))
+    common = common_fields(manifest, remote.device_name(device))
     common.update(n_threads=None, backends=f"{manifest['backend']['name']} (TVM RPC)")
     rows = []
     tests = [("pp", p) for p in spec.prompts if p > 0] + [("tg", n) for n in spec.gens if n > 0]
@@ -221,7 +221,7 @@ def rpc_bench(artifact_dir: str | Path, manifest: dict[str, Any], remote: Remote
                                     lambda what, extra_s=0.0, name=f"{kind}{size} @ d{depth}":
                                     step(f"{name} on {remote.address}: {what}", extra_s))
             samples = [t * size for t in per_call] if kind == "tg" else per_call
-            row = _row(common, kind, size, depth, "default", samples, None)
+            row = bench_row(common, kind, size, depth, "default", samples, None)
             row["peak_rss_bytes"] = None  # the remote's memory is not measured
             row["huge_page_malloc"] = None  # nor its allocator
             rows.append(row)

@@ -20,25 +20,22 @@ MLC-LLM's q4f16; float32 with `--option float_weights=f32`), norms and biases as
 reference folder (reference.py) is written from these stored values, so runtime fidelity
 compares the module with the reference on exactly the same weights. `dequantize_q4` is the numpy reference of what the kernel computes.
 
-    src = SourceWeights(model_dir)              # a float folder or a quantised one (any format)
-    src.quantised("model.layers.0.mlp.up_proj.weight")   -> QuantizedWeight | None
-    src.float("model.norm.weight")                       -> float32 numpy
+    src = SourceWeights(model_dir)   # arkinfer.lowering.source_weights: a float folder or a
+                                     # quantised one (any format)
+    params, layers = program_params(program, src)        # the module's params, in its layout
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 import torch
-from arkinfer.quant.formats import get_format
 from arkinfer.quant.formats.bitpack import pack_bits, unpack_bits
-from arkinfer.quant.load import _packed_owners, format_of
 from arkinfer.quant.weight import QuantizedWeight
 
-from arkinfer.errors import ArkError, TargetError
-from arkinfer.frontend.checkpoint import open_checkpoint
+from arkinfer.errors import TargetError
+from arkinfer.lowering.source_weights import SourceWeights
 
 BITS = 4
 SYM_ZERO = 1 << (BITS - 1)
@@ -88,34 +85,6 @@ def dequantize_q4(tensors: Mapping[str, np.ndarray], in_features: int) -> np.nda
     return (codes - np.repeat(zeros, group, axis=1)) * np.repeat(scales, group, axis=1)
 
 
-class SourceWeights:
-    """Tensors of `LowerRequest.model_dir`: a float HF folder, or a quantised one in any
-    registered format (`quant.load` conventions), read lazily one tensor at a time."""
-
-    def __init__(self, folder: str | Path) -> None:
-        self.ckpt = open_checkpoint(folder, with_tokenizer=False)
-        qcfg = self.ckpt.raw_config.get("quantization_config")
-        self.format, self.params = format_of(qcfg) if isinstance(qcfg, dict) else (None, {})
-        self._owners = _packed_owners(self.ckpt) if self.format else {}
-
-    def quantised(self, weight_name: str, shape: tuple[int, int]) -> QuantizedWeight | None:
-        """The canonical quantised weight stored for `<owner>.weight` [out, in], or None."""
-        owner = weight_name.removesuffix(".weight")
-        if owner == weight_name or owner not in self._owners:
-            return None
-        tensors = {k: self.ckpt.weights.get(f"{owner}.{k}").numpy() for k in self._owners[owner]}
-        qw = get_format(str(self.format)).unpack(tensors, int(shape[0]), int(shape[1]),
-                                                 **self.params)
-        object.__setattr__(qw, "name", owner)
-        return qw
-
-    def float(self, name: str) -> np.ndarray:
-        if name not in self.ckpt.weights:
-            raise ArkError(f"{self.ckpt.path} has no tensor {name!r} (the IR reads it)",
-                           hint="the folder was written for another model; rebuild it")
-        return self.ckpt.weights.get(name).to(torch.float32).numpy()
-
-
 def program_params(program, src: SourceWeights, float_dtype=np.float32
                    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(params, layers): every weight the program's entry points read, in the module's argument
@@ -142,7 +111,7 @@ def program_params(program, src: SourceWeights, float_dtype=np.float32
         elif name.startswith("rope."):
             params[name] = program.weights.tensor(name).to(torch.float32).numpy()
         else:
-            params[name] = src.float(name)
+            params[name] = src.float32(name)
             if params[name].ndim == 2:
                 params[name] = params[name].astype(float_dtype)
             if name in linear_weights:

@@ -58,7 +58,8 @@ def test_plan_minicpm_on_orin_int4_json(app):
     assert inputs["bandwidth"]["provenance"] == "vendor" and inputs["eta_bw"]["value"] == 0.79
 
 
-def test_plan_refuses_fp16_on_rpi5_with_the_numbers(app):
+def test_plan_refuses_fp16_on_rpi5_with_the_numbers(app, monkeypatch):
+    monkeypatch.setenv("ARKINFER_LLAMACPP", "upstream")  # even where the InfLLM v2 build exists
     code, out, err = invoke(app, "plan", "minicpm4.1-8b", "-t", "rpi5", "-q", "fp16")
     assert code == 1
     assert "f16 does not fit rpi5-8gb" in err and "16.37 GB" in err and "q4_0" in err

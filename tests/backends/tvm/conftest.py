@@ -31,7 +31,8 @@ def demo_q4():
     import torch
 
     from arkinfer import ir
-    from arkinfer.backends.tvm.weights import SourceWeights, program_params
+    from arkinfer.backends.tvm.weights import program_params
+    from arkinfer.lowering.source_weights import SourceWeights
     from arkinfer.frontend.checkpoint import resolve_model_path
     from arkinfer.quant.rtn import quantize_rtn
 
@@ -57,7 +58,7 @@ def run_host():
         import tvm
         from tvm import relax
 
-        from arkinfer.backends.tvm.compile import finish, host_target, schedule
+        from arkinfer.backends.tvm.default_pipeline import finish, host_target, schedule
 
         bb = relax.BlockBuilder()
         params = [relax.Var(n, relax.TensorType(list(a.shape), str(a.dtype)))

@@ -18,7 +18,7 @@ if not BACKEND.available():
 import tvm  # noqa: E402
 
 from arkinfer.backends.tvm import kernels_gemv as kg  # noqa: E402
-from arkinfer.backends.tvm.compile import finish, host_target, schedule  # noqa: E402
+from arkinfer.backends.tvm.default_pipeline import finish, host_target, schedule  # noqa: E402
 
 
 def test_prepared_activations_layout_and_group_sums(run_host):

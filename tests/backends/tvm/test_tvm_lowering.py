@@ -19,14 +19,15 @@ from tvm import relax  # noqa: E402
 
 from arkinfer import ir  # noqa: E402
 from arkinfer.backends.tvm import kernels_linear  # noqa: E402
-from arkinfer.backends.tvm.compile import build, device_target, schedule  # noqa: E402
+from arkinfer.backends.tvm.compile import build, device_target  # noqa: E402
+from arkinfer.backends.tvm.default_pipeline import schedule  # noqa: E402
 from arkinfer.backends.tvm.session import TVMSession  # noqa: E402
 from arkinfer.backends.tvm.weights import (  # noqa: E402
-    SourceWeights,
     dequantize_q4,
     pack_q4,
     program_params,
 )
+from arkinfer.lowering.source_weights import SourceWeights  # noqa: E402
 from arkinfer.frontend.checkpoint import resolve_model_path  # noqa: E402
 from arkinfer.quant.weight import QuantizedWeight  # noqa: E402
 from arkinfer.testing.synthetic import random_q4_weight  # noqa: E402

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tvm", reason="apache-tvm (the [tvm] extra) is not installed")
-from arkinfer.backends.tvm import opencl_check as oc  # noqa: E402
+import opencl_check as oc  # noqa: E402 - tests/backends/tvm/opencl_check.py
 
 if (_why := oc.opencl_unavailable()) is not None:
     pytest.skip(f"no OpenCL device ({_why}); install: {oc.INSTALL_HINT}", allow_module_level=True)
@@ -173,7 +173,8 @@ def demo_build():
     build, so whole steps compare at fp32 tolerance."""
     import torch
     from arkinfer.backends.tvm.compile import build
-    from arkinfer.backends.tvm.weights import SourceWeights, program_params
+    from arkinfer.backends.tvm.weights import program_params
+    from arkinfer.lowering.source_weights import SourceWeights
     from arkinfer.quant.rtn import quantize_rtn
 
     from arkinfer.frontend.checkpoint import load
@@ -256,7 +257,8 @@ def sparse_build(tmp_path_factory):
     its prefill and decode entries hold the InfLLM v2 kernels (kernels_infllmv2.py)."""
     import torch
     from arkinfer.backends.tvm.compile import build
-    from arkinfer.backends.tvm.weights import SourceWeights, program_params
+    from arkinfer.backends.tvm.weights import program_params
+    from arkinfer.lowering.source_weights import SourceWeights
     from arkinfer.ir.tracing import trace
     from arkinfer.models.configs import tiny_config
     from arkinfer.testing.synthetic import write_checkpoint

@@ -17,7 +17,7 @@ import tvm  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
 from arkinfer.backends.tvm import kernels_qact as qa  # noqa: E402
-from arkinfer.backends.tvm.compile import host_target  # noqa: E402
+from arkinfer.backends.tvm.default_pipeline import host_target  # noqa: E402
 from arkinfer.errors import ArkError  # noqa: E402
 
 

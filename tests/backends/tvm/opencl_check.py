@@ -1,5 +1,8 @@
 """Run the OpenCL kernels of a TVM device build on a real OpenCL runtime (PoCL on this CPU).
 
+A test harness (test_tvm_opencl_pocl.py imports it as `opencl_check`; pytest puts this folder on
+sys.path), not part of the tvm backend: no artifact or Runner uses it.
+
 The pip build of TVM has no OpenCL runtime, so nothing in TVM itself can launch the kernels it
 writes for Adreno / Mali. This module launches them through pyopencl on any OpenCL platform
 (Debian's PoCL here, a phone's driver just as well) and compares every result with the same
