@@ -282,7 +282,7 @@ def resolve_format(fmt: Format | str | None) -> Format | None:
     """A format instance from a format or its registered name (None stays None)."""
     if fmt is None or not isinstance(fmt, str):
         return fmt
-    from .formats import get_format
+    from .formats.registry import get_format
 
     return get_format(fmt)
 

@@ -2,9 +2,9 @@
 backend importing another backend's modules, no module importing another module's private
 (`_name`) names. The graph is read from source: tests/import_graph.py.
 
-The known exceptions below are each waiting for a change outside the one that added this test;
-each names that change. A known exception that no longer occurs fails
-`test_every_known_exception_still_occurs`, so the lists only shrink: delete the entry.
+The lists of known exceptions below are empty; an entry (with the change that will remove it)
+is a last resort. A known exception that no longer occurs fails
+`test_every_known_exception_still_occurs`, so the lists only shrink.
 """
 
 from __future__ import annotations
@@ -22,51 +22,13 @@ from import_graph import (
     private_use,
 )
 
-FORMATS = "arkinfer.quant.formats"
-
 # Import cycles: a cycle found (a strongly connected component) is known when one of these sets
 # holds all of its modules.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"arkinfer.backends.coreml.artifact", "arkinfer.backends.coreml.backend"}):
-        "artifact.py imports OPTIONS / context_option from backend.py, which imports artifact.py "
-        "in lower(): both move to an options.py that backend.py and artifact.py import",
-    frozenset({f"arkinfer.backends.mlx.{m}" for m in
-               ("artifact", "backend", "model", "runner", "tensors", "weights")}):
-        "artifact.py and tensors.py import shard_bytes / OPTIONS from backend.py, which imports "
-        "artifact.py and runner.py in its methods: they move to an options.py",
-    frozenset({f"arkinfer.backends.tvm.{m}" for m in
-               ("artifact", "backend", "reference", "rpc_bench", "runner")}):
-        "artifact.py imports OPTIONS from backend.py, which imports artifact.py in its methods: "
-        "OPTIONS moves to an options.py",
-    frozenset({FORMATS, "arkinfer.quant.rtn", *(f"{FORMATS}.{m}" for m in (
-        "awq", "ggml_native", "gguf", "gguf_blocks", "gptq", "marlin", "mlx", "onnx_qdq", "ort",
-        "ternary"))}):
-        "quant/formats/__init__.py imports every format to register it and each format imports "
-        "`register` / `get_format` back from the package (gguf_blocks <-> ggml_native too, and "
-        "rtn's get_format): the registry moves to a module of its own (quant/, outside this "
-        "change)",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 # (importer, imported backend module) pairs.
-KNOWN_CROSS_BACKEND: dict[tuple[str, str], str] = {
-    ("arkinfer.backends.tensorrt.backend", "arkinfer.backends.onnx.backend"):
-        "TensorRTBackend subclasses OnnxBackend (tests/test_seams.py asserts it)",
-    ("arkinfer.backends.tensorrt.preflight", "arkinfer.backends.onnx.preflight"):
-        "check_lowerable: the ONNX lowering's preflight moves to arkinfer/lowering/ with the "
-        "capabilities change",
-}
+KNOWN_CROSS_BACKEND: dict[tuple[str, str], str] = {}
 # (importer, private dotted name) pairs.
-KNOWN_PRIVATE: dict[tuple[str, str], str] = {
-    ("arkinfer.frontend.gguf_model", "arkinfer.models._config"):
-        "the config helpers gguf_model reads become public in arkinfer/models/",
-    ("arkinfer.backends.gguf.llamacpp_quantize", "arkinfer.backends.gguf.runner._llama_cpp"):
-        "runner.py's llama_cpp loader becomes public",
-    ("arkinfer.backends.gguf.parallel", "arkinfer.backends.gguf.runner._llama_cpp"):
-        "runner.py's llama_cpp loader becomes public",
-    ("arkinfer.quant.calib.sequential", "arkinfer.quant.calib.block._Stop"):
-        "quant/calib (outside this change)",
-    ("arkinfer.quant.formats.gguf", "arkinfer.quant.formats.mlx._check_bias_recovers_zero"):
-        "quant/formats (outside this change)",
-}
+KNOWN_PRIVATE: dict[tuple[str, str], str] = {}
 
 
 @functools.cache

@@ -121,9 +121,14 @@ def test_every_format_answers_its_own_size_and_shape_questions():
 
 
 def test_onnx_is_a_backend_of_its_own_and_tensorrt_extends_it(tmp_path):
-    from arkinfer.backends.onnx.backend import OnnxBackend
-
-    assert isinstance(get_backend("tensorrt"), OnnxBackend)
+    # tensorrt composes the onnx backend through the registry (no subclass, no import): its
+    # declaration, host runner and reference weights are the onnx backend's own
+    onnx, trt = get_backend("onnx"), get_backend("tensorrt")
+    assert not isinstance(trt, type(onnx)) and isinstance(trt, BackendBase)
+    assert trt.capabilities is onnx.capabilities and trt.available() == onnx.available()
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}", encoding="utf-8")
+    assert trt.reference_weights(tmp_path) == onnx.reference_weights(tmp_path) == tmp_path / "hf"
     res = runner.invoke(app, ["build", "demo", "--target", "host", "--backend", "onnx",
                               "--quant", "gptq", *CALIB, "-o", str(tmp_path / "a"), "--json"])
     assert res.exit_code == 0, res.output

@@ -130,7 +130,7 @@ def _dims(f: GGUFFile) -> dict[str, int]:
     return dims
 
 
-# _dims key -> (GGUF metadata key, config.json key whose range applies: models/_config.py)
+# _dims key -> (GGUF metadata key, config.json key whose range applies: models/config_values.py)
 _DIM_KEYS = {"hidden": ("embedding_length", "hidden_size"),
              "heads": ("attention.head_count", "num_attention_heads"),
              "kv": ("attention.head_count_kv", "num_key_value_heads"),
@@ -143,7 +143,7 @@ def _check_dims(f: GGUFFile, dims: dict[str, int]) -> None:
     """Sizes within config.json's ranges, and block_count equal to the `blk.N.` layers present,
     before anything is planned or allocated per layer (a block_count of 10^7 over a 2-layer file
     is one error, not a 7 GB MemoryError)."""
-    from arkinfer.models._config import range_problem
+    from arkinfer.models.config_values import range_problem
 
     for name, (gguf_key, hf_key) in _DIM_KEYS.items():
         problem = range_problem(hf_key, dims[name])

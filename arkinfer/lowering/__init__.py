@@ -12,6 +12,7 @@ what every backend did by hand lives here, one idea a module:
     linears          linear_shapes(raw_config): every nn.Linear's (out, in) from config.json
     reference_folder cached_reference_folder(...): a float32 folder of an artifact's exact
                      weights, written once into ArkInfer's cache
+    onnx_preflight   check_lowerable(...): what the ONNX lowering takes (onnx, tensorrt)
 
 Nothing here imports a backend or a backend SDK (onnx, tvm, mlx, coremltools, gguf); modules are
 imported one by one (`from arkinfer.lowering.versions import version`), so using one service

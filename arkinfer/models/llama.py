@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from arkinfer.errors import ConfigError
-from arkinfer.models._config import ConfigReader, range_problem
+from arkinfer.models.config_values import ConfigReader, range_problem
 from arkinfer.ops import attention as _attention_op  # noqa: F401 - registers arkinfer::attention
 from arkinfer.ops import norm as _norm_op  # noqa: F401
 from arkinfer.ops import rope as rope_ops
@@ -173,7 +173,7 @@ ROPE_KEYS: dict[str, tuple[str, ...]] = {
 
 def rope_scaling_problems(scaling: dict[str, Any], head_dim: int | None) -> list[str]:
     """Problems of a `rope_scaling` dict whose type ArkInfer implements (ROPE_KEYS): required keys
-    present, numbers finite and in range (`_config.INT_LIMITS` / `FLOAT_LIMITS`), LongRoPE lists
+    present, numbers finite and in range (`config_values.INT_LIMITS` / `FLOAT_LIMITS`), LongRoPE lists
     of head_dim/2 positive numbers. Other types are reported when a model is run, not here, so
     `inspect` still describes them."""
     kind = scaling.get("rope_type", scaling.get("type", "default"))

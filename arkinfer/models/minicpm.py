@@ -20,7 +20,7 @@ from typing import Any, Literal, Self
 from torch import Tensor
 
 from arkinfer.errors import ConfigError, NotAvailableError
-from arkinfer.models._config import ConfigReader
+from arkinfer.models.config_values import ConfigReader
 from arkinfer.models.llama import (
     Attention,
     LlamaConfig,

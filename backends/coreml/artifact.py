@@ -26,7 +26,7 @@ from arkinfer.errors import ArkError
 from arkinfer.lowering.tokenizer_files import copy_tokenizer_files, tokenizer_dir
 from arkinfer.lowering.versions import version
 
-from .backend import OPTIONS, context_option
+from .options import OPTIONS, context_option
 from .runner import DEFERRED, PACKAGE
 from .weights import SourceWeights
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from arkinfer.errors import ArkError
 
-from .runner import _llama_cpp
+from .runner import load_llama_cpp
 
 # llama.cpp's llama_ftype values (include/llama.h): the file types ArkInfer compares with,
 # K-quants and i-quants included (the mixes a user picks instead of ArkInfer's recipes).
@@ -25,7 +25,7 @@ def llamacpp_quantize(src: str | Path, dst: str | Path, ftype: str, *, pure: boo
                       nthread: int = 0) -> Path:
     """Quantise the GGUF `src` to `dst` with llama.cpp's default per-tensor rules for `ftype`
     (e.g. output.weight in Q6_K / Q8_0); `pure=True` puts every tensor in `ftype`."""
-    llama_cpp = _llama_cpp()
+    llama_cpp = load_llama_cpp()
     if ftype not in FTYPES:
         raise ArkError(f"llama.cpp file type {ftype!r} is not one ArkInfer compares with",
                        hint=f"use one of {', '.join(FTYPES)}")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from arkinfer.errors import ArkError
-from arkinfer.backends.gguf.runner import KV_TYPES, _llama_cpp
+from arkinfer.backends.gguf.runner import KV_TYPES, load_llama_cpp
 
 
 class ParallelSequences:
@@ -34,7 +34,7 @@ class ParallelSequences:
 
     def __init__(self, llm, n_seq: int, n_ctx_seq: int, kv_type: str = "f16", n_batch: int = 512,
                  flash_attn: bool = True, kv_unified: bool = False, cb_eval=None) -> None:
-        llama_cpp = _llama_cpp()
+        llama_cpp = load_llama_cpp()
         from llama_cpp import _internals
 
         if n_seq < 1:

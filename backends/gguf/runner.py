@@ -57,7 +57,9 @@ def quiet_llama_logs(llama_cpp) -> None:
     llama_cpp.llama_log_set(_LOG_STATE["callback"], ctypes.c_void_p(0))
 
 
-def _llama_cpp():
+def load_llama_cpp():
+    """The llama_cpp module (llama-cpp-python); NotAvailableError with the install command when
+    it is not installed. Shared by the runner, llamacpp_quantize.py and parallel.py."""
     try:
         import llama_cpp
     except ImportError:
@@ -81,7 +83,7 @@ class LlamaCppRunner(RunnerBase):
         flash_attn: llama.cpp's flash-attention path (the InfLLM v2 build needs it for sparse
         attention, see subprocess_runner.py). n_batch: tokens per llama_decode call and per
         ubatch (default min(n_ctx, 512))."""
-        llama_cpp = _llama_cpp()
+        llama_cpp = load_llama_cpp()
         self.path = Path(gguf_path)
         if not self.path.is_file():
             raise NotAvailableError(f"GGUF file {self.path} does not exist",

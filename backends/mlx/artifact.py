@@ -25,8 +25,8 @@ from arkinfer.latency.storage import dtype_of
 from arkinfer.lowering.tokenizer_files import copy_tokenizer_files, tokenizer_dir
 from arkinfer.lowering.versions import version
 
-from .backend import shard_bytes
 from .config import artifact_config
+from .options import shard_bytes
 from .preflight import preflight
 from .tensors import TensorPlan, to_mx
 

@@ -12,12 +12,12 @@ key map and what is untested without Metal: README.md.
 from __future__ import annotations
 
 import importlib.util
-import math
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, BackendOption, Capabilities, LowerRequest, LowerResult
-from arkinfer.errors import ArkError
+from arkinfer.backend import BackendBase, Capabilities, LowerRequest, LowerResult
+
+from .options import OPTIONS, shard_bytes
 
 CAPABILITIES = Capabilities(
     # mlx stored as it is; gptq / awq codes repacked to MLX affine, exactly. Bits and group sizes
@@ -27,31 +27,6 @@ CAPABILITIES = Capabilities(
     cache_dtypes=("f32", "f16", "bf16"),  # the KV cache is kept in the weights' float dtype
     extra="mlx", packages={"mlx": ""},
 )
-MAX_SHARD_BYTES = 5 << 30  # mlx-lm's MAX_FILE_SIZE_GB
-# `--option KEY=VALUE` (README.md, "Tensors"; tensors.py and artifact.py read them)
-OPTIONS = {
-    "rtn": BackendOption("who rounds an RTN recipe such as mlx4: mx.quantize, the default, "
-                         "or ArkInfer's folder", ("mlx", "folder"), ignore_case=True),
-    "scales": BackendOption("dtype of a calibrated recipe's scales and biases; default f32, "
-                            "exact", ("f32", "f16"), ignore_case=True),
-    "shard_mb": BackendOption("MiB per safetensors shard; default 5120, mlx-lm's",
-                              example="2048"),
-}
-
-
-def shard_bytes(options: dict[str, str]) -> int:
-    """Bytes per shard from `--option shard_mb=N` (a positive, finite number of MiB)."""
-    value = options.get("shard_mb")
-    if value is None:
-        return MAX_SHARD_BYTES
-    try:
-        mb = float(value)
-    except ValueError:
-        mb = -1.0
-    if not (0 < mb < math.inf):  # also refuses nan
-        raise ArkError(f"--option shard_mb={value!r} is not a positive number of MiB",
-                       hint="e.g. --option shard_mb=2048 (default 5120, mlx-lm's)")
-    return max(1, int(mb * (1 << 20)))
 
 
 class MLXBackend(BackendBase):

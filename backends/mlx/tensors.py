@@ -30,9 +30,9 @@ from arkinfer import models
 from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import Checkpoint
 
-from .backend import OPTIONS
+from .options import OPTIONS
 
-SCALE_OPTIONS = {"f32": "float32", "f16": "float16"}  # `scales=` (declared in backend.py)
+SCALE_OPTIONS = {"f32": "float32", "f16": "float16"}  # `scales=` (declared in options.py)
 RTN_OPTIONS = OPTIONS["rtn"].choices
 
 

@@ -1,10 +1,11 @@
 """The onnx backend: one ONNX graph lowered from the IR, with the quantised linears and InfLLM v2
 as `arkinfer`-domain functions whose bodies are standard ops, so any ONNX runtime runs it
 (ONNX Runtime on a host CPU, Android, Windows or the web). Host runner: onnxruntime. Files and
-ops: README.md. The tensorrt backend builds on this one.
+ops: README.md. The tensorrt backend builds on this one (through the registry: `lower_as`).
 
     BACKEND.preflight(raw_config, recipe, target, dtype) -> notes (TargetError when impossible)
     BACKEND.lower(LowerRequest)                          -> LowerResult (artifact.py)
+    BACKEND.lower_as(LowerRequest, backend)              -> the same, named for `backend`
     BACKEND.load(artifact_dir, manifest)                 -> OnnxRunner (runner.py)
 """
 
@@ -38,17 +39,19 @@ class OnnxBackend(BackendBase):
                   dtype: str = "f32") -> list[str]:
         """Raise TargetError when the ONNX lowering cannot take this model or recipe (formats,
         bits, shape rules, use_nope); no notes otherwise. Reads config.json only."""
-        from .preflight import check_lowerable
+        from .preflight import preflight
 
-        if target is not None:
-            target.check(self.name, recipe.format if recipe is not None else None, None)
-        check_lowerable(raw_config, recipe, self.name, self.capabilities)
-        return []
+        return preflight(raw_config, recipe, target, self.name, self.capabilities)
 
     def lower(self, request: LowerRequest) -> LowerResult:
+        return self.lower_as(request, self.name)
+
+    def lower_as(self, request: LowerRequest, backend: str) -> LowerResult:
+        """This backend's artifact with `backend` named in the graph's metadata and the notes: how
+        a backend built on this one (tensorrt, through `get_backend("onnx")`) writes its graph."""
         from .artifact import lower
 
-        return lower(request, self.name)
+        return lower(request, backend)
 
     def load(self, artifact_dir: str | Path, manifest: dict | None = None, *,
              bench: bool = False, ops: str | None = None, threads: int | None = None,

@@ -9,8 +9,8 @@
                                     gptq or awq; checked here against vLLM's loader rules)
       arkinfer.json                 the manifest (written by the pipeline)
 
-The onnx part is the onnx backend's own lowering, reached through the class this backend
-extends (backend.py: `TensorRTBackend(OnnxBackend)`), never by importing backends/onnx here.
+The onnx part is the onnx backend's own lowering, reached through the registry
+(`get_backend("onnx").lower_as(request, "tensorrt")`), never by importing backends/onnx here.
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ def _prepare_for_vllm(dst: Path, fmt: str) -> list[str]:
 
 
 def onnx_artifact(request: LowerRequest) -> LowerResult:
-    """The onnx backend's artifact written under this backend's name: the `lower` of the class
-    TensorRTBackend extends, looked up through the registry (backend.py imports this module)."""
-    backend = get_backend("tensorrt")
-    return super(type(backend), backend).lower(request)
+    """The onnx backend's artifact written under this backend's name (the onnx backend from the
+    registry: no module here imports backends/onnx)."""
+    return get_backend("onnx").lower_as(request, "tensorrt")
 
 
 def lower(request: LowerRequest) -> LowerResult:

@@ -5,9 +5,9 @@
 - CUDA capability from the profile's `codegen.cuda_arch` (sm_87 on Jetson Orin): Marlin / GPTQ /
   AWQ kernels need sm_80+; FP8 needs sm_89+, so Orin takes no FP8 dtype; kernels must be built for
   the exact arch or shipped as PTX (noted with the profile's nvcc gencode list).
-- Everything the ONNX lowering needs (`backends/onnx/preflight.py`): the formats and bits the
-  backend declares (its `Capabilities`: marlin / gptq / awq at 4 bits) and the format's own
-  shape rules on every quantised linear (Marlin: in_features multiple of 128, out_features
+- Everything the ONNX lowering needs (`arkinfer/lowering/onnx_preflight.py`): the formats and
+  bits the backend declares (its `Capabilities`: marlin / gptq / awq at 4 bits) and the format's
+  own shape rules on every quantised linear (Marlin: in_features multiple of 128, out_features
   multiple of 64, vLLM's min_k_threads / min_n_threads).
 
 Errors are `TargetError`s naming the first layer that fails and every layer name pattern affected.
@@ -19,8 +19,8 @@ import re
 from typing import Any
 
 from arkinfer.backend import get_backend
-from arkinfer.backends.onnx.preflight import check_lowerable
 from arkinfer.errors import TargetError
+from arkinfer.lowering.onnx_preflight import check_lowerable
 
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
 

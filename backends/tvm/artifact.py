@@ -30,9 +30,9 @@ from arkinfer.frontend.shard_writer import honour_umask
 from arkinfer.lowering.tokenizer_files import TOKENIZER_FILES, copy_tokenizer_files
 from arkinfer.lowering.versions import version
 
-from .backend import OPTIONS
 from .compile import DEVICE_VARIANTS, Build, build
 from .cpu_schedule import SCHEDULE_NOTE
+from .options import OPTIONS
 from .weights import SourceWeights, program_params
 
 MODULE_FILE = "tvm_module.json"

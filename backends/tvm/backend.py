@@ -15,7 +15,9 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from arkinfer.backend import BackendBase, BackendOption, Capabilities, LowerRequest, LowerResult
+from arkinfer.backend import BackendBase, Capabilities, LowerRequest, LowerResult
+
+from .options import OPTIONS
 
 CAPABILITIES = Capabilities(
     # the int4 kernel (kernels_linear.linear_q4) reads uniform 4-bit codes with static groups,
@@ -25,15 +27,6 @@ CAPABILITIES = Capabilities(
     extra="tvm", packages={"apache-tvm": ""},
     remote_bench=True,  # `bench --rpc`: TVM RPC (rpc_bench.py)
 )
-
-# `--option KEY=VALUE` (artifact.py reads them; README.md explains each)
-OPTIONS = {
-    "devices": BackendOption("the OpenCL builds: adreno, mali, none or adreno,mali, the default",
-                             example="adreno"),
-    "float_weights": BackendOption("dtype of the float matrices; default f16", ("f16", "f32")),
-    "decode_activations": BackendOption("how the host decode's 4-bit linears take activations; "
-                                        "default int16", ("int16", "int8", "f32")),
-}
 
 
 class TVMBackend(BackendBase):

@@ -36,8 +36,9 @@ LINEARS: tuple[str, ...] = tuple(n for g in SEQUENTIAL_GROUPS for n in g)
 InputHook = Callable[[Tensor, slice], None]  # (x [b, T, in], the batch's rows of inputs)
 
 
-class _Stop(Exception):
-    """Raised from a pre-hook to end a forward once the wanted input has been seen."""
+class StopForward(Exception):
+    """Raised from a pre-hook to end a forward once the wanted input has been seen; the
+    caller that ran the forward catches it (here and in sequential.py)."""
 
 
 class BlockRunner:
@@ -94,11 +95,11 @@ class BlockRunner:
             def pre(_mod, args, _fn=fn, _name=name):
                 _fn(args[0], current["rows"])
                 if _name == stop_after:
-                    raise _Stop
+                    raise StopForward
             handles.append(self.linear(name).register_forward_pre_hook(pre))
         if stop_after is not None and stop_after not in hooks:
             def stop(_mod, _args):
-                raise _Stop
+                raise StopForward
             handles.append(self.linear(stop_after).register_forward_pre_hook(stop))
         outs = []
         try:
@@ -107,7 +108,7 @@ class BlockRunner:
                 try:
                     y, _ = self.layer(self.inputs[b0:b1], self.positions, self.rope,
                                       self.cache(b1 - b0))
-                except _Stop:
+                except StopForward:
                     continue
                 if keep_output:
                     outs.append(y)

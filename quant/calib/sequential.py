@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from arkinfer.models.llama import DecoderLayer
 
-from .block import SEQUENTIAL_GROUPS, BlockRunner, _Stop
+from .block import SEQUENTIAL_GROUPS, BlockRunner, StopForward
 from .hessian import HessianAccumulator
 
 KEEP_BYTES = 1 << 30
@@ -114,13 +114,13 @@ class SequentialForward:
 
         def pre(_mod, args):
             got.append(args[0])
-            raise _Stop
+            raise StopForward
 
         attn = self.runner.layer.self_attn
         handle = attn.o_proj.register_forward_pre_hook(pre)
         try:
             attn(a, self.runner.positions, self.runner.rope, self.runner.cache(a.shape[0]))
-        except _Stop:
+        except StopForward:
             pass
         finally:
             handle.remove()

@@ -1,4 +1,5 @@
-"""Storage formats: one module per format, each registering an instance here.
+"""Storage formats: one module per format, each registering an instance in registry.py;
+this package imports them all (the registration order) and re-exports the registry.
 
     from arkinfer.quant.formats import get_format
     fmt = get_format("marlin")
@@ -13,34 +14,9 @@ data.
 
 from __future__ import annotations
 
-from .base import Constraints, Format, FormatError
-
-_REGISTRY: dict[str, Format] = {}
-
-
-def register(fmt: Format) -> Format:
-    """Add a format instance under `fmt.name` (module import time); names are unique."""
-    if fmt.name in _REGISTRY:
-        raise ValueError(f"storage format {fmt.name!r} is registered twice")
-    _REGISTRY[fmt.name] = fmt
-    return fmt
-
-
-def get_format(name: str) -> Format:
-    """The registered format called `name`; FormatError listing the registered ones otherwise."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise FormatError(f"unknown storage format {name!r}; registered: {sorted(_REGISTRY)}",
-                          "pick one of the registered formats") from None
-
-
-def all_formats() -> tuple[Format, ...]:
-    """Every registered format, in registration order."""
-    return tuple(_REGISTRY.values())
-
-
-# Importing the modules registers them (order = listing order).
+# Importing the format modules registers them in registry.py (order = listing order).
 from . import awq, gguf, gptq, marlin, mlx, onnx_qdq, ort, ternary  # noqa: F401
+from .base import Constraints, Format, FormatError
+from .registry import all_formats, get_format, register
 
 __all__ = ["Constraints", "Format", "FormatError", "all_formats", "get_format", "register"]

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..weight import QuantizedWeight
-from . import register
 from .base import Constraints, Format, expect_shape, n_groups, require
+from .registry import register
 
 AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
 _SHIFTS = np.arange(8, dtype=np.uint32) * 4

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .ggml_types import BLOCK, GGMLType
+
 _LIB: list = []   # [the loaded libggml-base or None], filled on first use
 
 
@@ -51,8 +53,6 @@ def ggml_quantize(rows: np.ndarray, ggml_type: int,
     lib = ggml_library()
     if lib is None:
         return None
-    from .gguf_blocks import BLOCK, GGMLType
-
     x = np.ascontiguousarray(rows, dtype=np.float32)
     n_rows, n = x.shape
     per_block, nbytes = BLOCK[GGMLType(ggml_type)]

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..weight import Kind, QuantizedWeight
-from . import register
+from .affine_bias import check_bias_recovers_zero
 from .base import Constraints, Format, FormatError, expect_shape, require
 from .gguf_blocks import (
     BLOCK,
@@ -64,7 +64,7 @@ from .gguf_blocks import (
     encode_tq2_0,
 )
 from .gguf_kquant import factor, snap
-from .mlx import _check_bias_recovers_zero
+from .registry import register
 
 
 class GGUFBlockFormat(Format):
@@ -168,7 +168,7 @@ class _Q4_1(GGUFBlockFormat):
                               notes="m = fp16(-scale * zero): ggml's q*d + m rounds m")
 
     def _check_extra(self, qw: QuantizedWeight, refuse) -> None:
-        _check_bias_recovers_zero(qw, refuse)
+        check_bias_recovers_zero(qw, refuse)
 
     @staticmethod
     def _m(d: np.ndarray, zeros: np.ndarray) -> np.ndarray:

@@ -32,39 +32,12 @@ ggml rounds with `roundf` (half away from zero) and computes `x * (1/d)`, not `x
 
 from __future__ import annotations
 
-from enum import IntEnum
 from pathlib import Path
 
 import numpy as np
 
+from .ggml_types import BLOCK, GGMLType  # declared there, below ggml_native.py too
 
-class GGMLType(IntEnum):
-    """ggml type ids (gguf `GGMLQuantizationType`) of the block types ArkInfer writes."""
-
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q5_1 = 7
-    Q8_0 = 8
-    Q4_K = 12
-    Q5_K = 13
-    Q6_K = 14
-    IQ4_NL = 20
-    BF16 = 30
-    TQ1_0 = 34
-    TQ2_0 = 35
-
-
-# (weights per block, bytes per block)
-BLOCK: dict[GGMLType, tuple[int, int]] = {
-    GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.BF16: (1, 2),
-    GGMLType.Q4_0: (32, 18), GGMLType.Q4_1: (32, 20), GGMLType.Q8_0: (32, 34),
-    GGMLType.Q5_0: (32, 22), GGMLType.Q5_1: (32, 24), GGMLType.Q4_K: (256, 144),
-    GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210), GGMLType.IQ4_NL: (32, 18),
-    GGMLType.TQ1_0: (256, 54), GGMLType.TQ2_0: (256, 66),
-}
 #: IQ4_NL's 16 levels (ggml-common.h kvalues_iq4nl): value = d * KVALUES_IQ4NL[q].
 KVALUES_IQ4NL: tuple[int, ...] = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
                                   89, 113)
@@ -400,7 +373,7 @@ def _quantize_k(x: np.ndarray, qtype: GGMLType) -> bytes:
     import torch
 
     from ..rtn import quantize_rtn
-    from . import get_format
+    from .registry import get_format
 
     name = {GGMLType.Q4_K: "gguf-q4_k", GGMLType.Q5_K: "gguf-q5_k",
             GGMLType.Q6_K: "gguf-q6_k", GGMLType.IQ4_NL: "gguf-iq4_nl"}[qtype]

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..weight import QuantizedWeight
-from . import register
 from .base import Constraints, Format, FormatError, expect_shape, n_groups, require
 from .bitpack import pack_bits, unpack_bits
+from .registry import register
 
 
 class GPTQFormat(Format):

@@ -30,38 +30,16 @@ only, and mx.dequantize of a float32 pack equals the canonical dequantisation bi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import numpy as np
 
 from ..weight import QuantizedWeight
-from . import register
+from .affine_bias import ScaleStorage, affine_bias, check_bias_recovers_zero
 from .base import Constraints, Format, FormatError, expect_shape, n_groups, require
 from .bitpack import pack_bits, unpack_bits
+from .registry import register
 
-ScaleStorage = Literal["float16", "float32"]
 SCALE_BYTES: dict[str, int] = {"float16": 2, "float32": 4}
-
-
-def _bias(scales: np.ndarray, zeros: np.ndarray,
-          scale_dtype: ScaleStorage = "float16") -> np.ndarray:
-    """-scale * zero rounded to `scale_dtype`, as float32."""
-    exact = -(scales.astype(np.float32) * zeros.astype(np.float32))
-    return exact.astype(np.float16).astype(np.float32) if scale_dtype == "float16" else exact
-
-
-def _check_bias_recovers_zero(qw: QuantizedWeight, refuse) -> None:
-    """The stored bias fp16(-scale * zero) must give the zero point back (it does unless the
-    scale is below the fp16 normal range); shared with GGUF Q4_1, whose m is the same bias."""
-    scales, zeros = qw.scales.numpy(), qw.zeros.numpy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        back = np.where(scales == 0, 0, np.rint(-_bias(scales, zeros) / scales))
-    bad = (back != zeros) & ~((scales == 0) & (zeros == 0))
-    if bad.any():
-        o, g = np.argwhere(bad)[0]
-        raise refuse(f"zero point {int(zeros[o, g])} with scale {float(scales[o, g])!r} is not "
-                     "recoverable from the fp16 bias -scale * zero",
-                     "use a symmetric recipe, larger scales, or pack with scale_dtype='float32'")
 
 
 def _scale_storage(scale_dtype: str) -> ScaleStorage:
@@ -89,7 +67,7 @@ class MLXFormat(Format):
         return n * k * bits // 8 + 2 * SCALE_BYTES[_scale_storage(scale_dtype)] * ng * n
 
     def _check_extra(self, qw: QuantizedWeight, refuse) -> None:
-        _check_bias_recovers_zero(qw, refuse)
+        check_bias_recovers_zero(qw, refuse)
 
     def pack(self, qw: QuantizedWeight, scale_dtype: str = "float16") -> dict[str, np.ndarray]:
         """{"weight": uint32 [out, in*bits/32], "scales", "biases": [out, groups] in
@@ -103,7 +81,7 @@ class MLXFormat(Format):
         dt = np.float16 if storage == "float16" else np.float32
         return {"weight": pack_bits(a["codes"], qw.bits, 32, axis=1),
                 "scales": a["scales"].astype(dt),
-                "biases": _bias(a["scales"], a["zeros"], storage).astype(dt)}
+                "biases": affine_bias(a["scales"], a["zeros"], storage).astype(dt)}
 
     def _read(self, tensors: Mapping[str, np.ndarray], out: int, inp: int, bits: int,
               group_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, ScaleStorage]:
@@ -129,7 +107,7 @@ class MLXFormat(Format):
         with np.errstate(divide="ignore", invalid="ignore"):
             zeros = np.nan_to_num(np.where(scales == 0, 0, np.rint(-biases / scales)))
         zeros = np.clip(zeros, 0, (1 << bits) - 1).astype(np.int32)
-        bad = _bias(scales, zeros, storage) != biases
+        bad = affine_bias(scales, zeros, storage) != biases
         if bad.any():
             o, g = np.argwhere(bad)[0]
             raise FormatError(f"mlx: group ({o}, {g}) has bias {biases[o, g]!r} with scale "

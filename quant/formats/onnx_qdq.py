@@ -22,8 +22,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..weight import QuantizedWeight
-from . import register
 from .base import Constraints, Format, FormatError, expect_shape, n_groups, require
+from .registry import register
 
 
 def pack_int4(values: np.ndarray) -> np.ndarray:

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..weight import QuantizedWeight
-from . import register
 from .base import Constraints, Format, FormatError, n_groups, require
 from .bitpack import pack_bits, unpack_bits
+from .registry import register
 
 
 def _zp_row_bytes(k_blocks: int, bits: int) -> int:

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..weight import Kind, QuantizedWeight
-from . import register
 from .base import Constraints, Format, expect_shape, n_groups, require
 from .bitpack import pack_bits, unpack_bits
+from .registry import register
 
 
 class TernaryFormat(Format):

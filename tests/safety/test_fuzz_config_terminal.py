@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from arkinfer.cli.main import app
 from arkinfer.errors import ConfigError
 from arkinfer.models import parse_config
-from arkinfer.models._config import FLOAT_LIMITS, INT_LIMITS
+from arkinfer.models.config_values import FLOAT_LIMITS, INT_LIMITS
 from arkinfer.models.configs import tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

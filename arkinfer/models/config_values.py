@@ -1,4 +1,9 @@
-"""Reading HF config.json values with one error that lists every problem."""
+"""Reading HF config.json values with one error that lists every problem.
+
+Public to the model files (llama.py, minicpm.py) and to the GGUF frontend (frontend/gguf_model.py,
+which checks a GGUF file's sizes against the same ranges): `ConfigReader`, `range_problem`,
+`INT_LIMITS` / `FLOAT_LIMITS`.
+"""
 
 from __future__ import annotations
 

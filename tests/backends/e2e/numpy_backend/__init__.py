@@ -1,0 +1,4 @@
+"""A test backend that lives outside ArkInfer: its lowering writes the model's float weights as
+one numpy `.npz`, its runtime runs ArkInfer's reference model over them. It registers the way a
+third party's backend does (one `arkinfer.backends` entry point, see ../conftest.py) and joins
+the end-to-end suite without a line changed in arkinfer/ or backends/."""
