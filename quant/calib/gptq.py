@@ -44,8 +44,8 @@ from ..rtn import (
     find_params,
     format_levels,
     group_params,
-    nearest_level,
     quantize_rtn,
+    quantize_to_levels,
     resolve_format,
 )
 from ..weight import UNIFORM_BITS, Kind, QuantError, QuantizedWeight
@@ -280,8 +280,8 @@ def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, params: _Params, static
                 dead = s == 0
                 s_div = torch.where(dead, 1.0, s)
         col = W1[i]
-        if levels is not None:  # rtn.quantize_to_levels: value = s * levels[q]
-            q = nearest_level(torch.where(dead, 0.0, col.float() / s_div), levels)
+        if levels is not None:  # value = s * levels[q]
+            q = quantize_to_levels(col, s, levels).long()
             deq = s * levels[q]
         elif m is not None:  # rtn.quantize_with_min: value = s*q - m
             q = torch.clamp(torch.where(dead, 0.0, torch.round((col.float() + m) / s_div)),
