@@ -12,7 +12,8 @@ model and seed). None of it is evaluation text: perplexity is measured on held-o
 Each domain's texts are tokenised (no special tokens; chats through the chat template) and
 joined, separated by the tokenizer's EOS token when it has one, into one token stream. The
 `samples` windows of `seq_len` tokens are dealt to the domains in turn (domain i gets window i,
-i + D, ...), each domain's windows start at offsets drawn with
+i + D, ..., and `CalibData.ids` holds them in that order, so its first rows span every domain),
+each domain's windows start at offsets drawn with
 `torch.Generator().manual_seed(seed + i)` (the GPTQ reference samples random windows the same
 way). A stream shorter than `seq_len` gives one right-padded sequence with a mask.
 
@@ -164,6 +165,7 @@ def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samp
         records.append({"domain": domain.name, "file": domain.path.name,
                         "sha256": domain.sha256, "stream_tokens": len(stream),
                         "samples": int(ids.shape[0])})
+    ids, mask = interleave(parts), interleave(mask_parts)
     source = "builtin" if path is None else str(path)
     if len(domains) == 1 and path is not None and str(path) not in NAMED and generation is None:
         source = domains[0].path.name
@@ -172,7 +174,21 @@ def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samp
                 "requested_samples": samples, "seed": seed}
     if generation is not None:
         settings["generation"] = generation
-    return CalibData(torch.cat(parts), torch.cat(mask_parts), settings)
+    return CalibData(ids, mask, settings)
+
+
+def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Rows of the per-domain tensors `parts` (domain i: the windows i, i + D, ...; D = len(parts),
+    so the counts differ by at most one, larger first) in window order: row j is from domain
+    j mod D. Every leading slice of the result then covers the domains evenly, so a calibrator
+    that reads only the first windows (AWQ's searches, the mixed-precision sensitivity) sees
+    the whole mix rather than its first domains."""
+    offsets = [0]
+    for part in parts[:-1]:
+        offsets.append(offsets[-1] + part.shape[0])
+    total = sum(part.shape[0] for part in parts)
+    order = [offsets[j % len(parts)] + j // len(parts) for j in range(total)]
+    return torch.cat(parts)[order]
 
 
 def _stream_of(domain: Domain, render, tokenizer: _Tokenizer, eos_id: int | None) -> list[int]:

@@ -303,7 +303,8 @@ def resolve_budget(recipe, ckpt, calib_ids: Tensor,
                    log: Callable[[str], None] | None = None):
     """`recipe` with `layers` chosen under `recipe.budget` (unchanged without a budget or when it
     already has layers): the float model of `ckpt` is loaded, its sensitivity measured on the
-    first FISHER_WINDOWS calibration windows (FISHER_TOKENS tokens each), the allocation made
+    first FISHER_WINDOWS calibration windows (FISHER_TOKENS tokens each; they span every domain,
+    quant/calib_data.py interleaves them), the allocation made
     among the GGUF formats, and the recipe's own format is the default for every tensor."""
     from dataclasses import replace
 

@@ -3,7 +3,8 @@
 Per decoder block, on the float block's activations:
 
 1. statistics: `x_mean` = mean |x| per input channel over every real calibration token; the
-   inputs themselves are kept for the first `search_samples` sequences;
+   inputs themselves are kept for the first `search_samples` sequences (which span every
+   calibration domain: quant/calib_data.py interleaves the domains' windows);
 2. scale search per joint group — input_layernorm → q,k,v (inspect: self_attn); v → o only when
    v's outputs equal o's inputs (not with GQA); post_attention_layernorm → gate,up (inspect: mlp);
    up → down (inspect: down_proj): for α in 0, 1/n_grid, …, (n_grid-1)/n_grid,
