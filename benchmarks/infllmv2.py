@@ -12,8 +12,8 @@ where 31 other layers' KV and the weights pass through between two steps of one 
 interpreter, the kernel code and its workspace stay warm. `--flush llc` instead reads twice the
 last-level cache (`--flush-mib`) before each call, evicting everything, the interpreter included
 (a harsher condition: fixed per-call costs then read from DRAM too); it reads rather than
-writes, since dirty lines left by a write would be written back during the timed call (until
-session 12 it wrote; with session 12's code that made the sparse steps 5-33 % slower).
+writes, since dirty lines left by a write would be written back during the timed call (an
+earlier version wrote; that made the sparse steps 5-33 % slower).
 `--flush none` keeps caches warm. Prefill = the whole sequence in one call. Dense baseline: torch
 scaled_dot_product_attention on the same dtype. Sparse decode uses the C decode step
 (decode_kernel.c) when it builds; `--torch-only` measures the pure-torch fallback instead.
@@ -298,7 +298,7 @@ def time_decode(length: int, cfg: SparseConfig, dtype: torch.dtype, args, group:
     # sparse, so drift hits both alike. Steps of the two paths interleaved one by one made each
     # sparse step pay for the write-back of the dense step's dirty temporaries (torch's bf16 SDPA
     # upcasts the 128K cache: hundreds of MiB written, still in the LLC): group 2, bf16, 128K ran
-    # 1.31-1.42 ms per step that way against 1.02 ms after sparse steps (session 12). settle()
+    # 1.31-1.42 ms per step that way against 1.02 ms after sparse steps. settle()
     # writes back what a pass left dirty before the next one starts.
     # Each pass starts with one untimed step (position first - 1, its time kept as
     # `*_first_step_ms`): settle() has just evicted the interpreter and the kernel code, and

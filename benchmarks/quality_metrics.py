@@ -6,7 +6,7 @@ increase, mean KL divergence and top-1 agreement (llama-perplexity's KL statisti
     table = reference.score(quant_logits_fn)               # {"code": {"ppl", "kl", "top1", ...}}
 
 Protocol (the same for every row, whatever runs it): each domain's text is tokenised without
-BOS and cut into consecutive non-overlapping windows of `ctx` tokens (the README's perplexity
+BOS and cut into consecutive non-overlapping windows of `ctx` tokens (docs/commands.md's perplexity
 protocol), the first `per_domain` windows are kept, each is evaluated from an empty cache, and
 every position but the first of a window is scored. `logits_fn(window) -> [T, V]` fp32 can be
 ArkInfer's reference model (`arkinfer.generate.model_logits_fn`) or llama.cpp

@@ -85,6 +85,9 @@ ROWS = {
                       dict(calib="rtn", format="gguf-iq4_nl", group_size=32, grid="mse")),
     "gptq-iq4_nl": Row("GPTQ IQ4_NL act-order, searched scales (preset gptq-iq4_nl)",
                        dict(calib="gptq", format="gguf-iq4_nl", group_size=32, grid="mse"), ACT),
+    "gptq-iq4_nl-damp0.1": Row("the same with GPTQ damping 0.1 instead of 0.01 (ablation)",
+                               dict(calib="gptq", format="gguf-iq4_nl", group_size=32,
+                                    grid="mse"), {**ACT, "damp": 0.1}),
     "gptq-mix-4.9": Row("GPTQ act-order, GGUF types per tensor by measured sensitivity, <= 4.9 "
                         "bits (preset gptq-mix)",
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",

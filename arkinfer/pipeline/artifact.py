@@ -6,7 +6,7 @@
 
 Nothing the manifest says about quality is trusted: verify re-measures parity with the scheme's
 thresholds. Without a signature it cannot prove who built the artifact or that the scheme it names
-is the one used (see README, "Safety and failure behaviour").
+is the one used (see docs/safety.md).
 """
 
 from __future__ import annotations

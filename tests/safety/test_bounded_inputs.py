@@ -202,7 +202,7 @@ def test_eval_without_max_windows_streams_a_big_text_in_bounded_memory(tmp_path)
 
 
 def test_eval_gives_the_documented_protocol_exactly(tmp_path, monkeypatch):
-    """Whole-file tokenisation, windows_of, perplexity (the README's protocol) and the CLI's
+    """Whole-file tokenisation, windows_of, perplexity (docs/commands.md's protocol) and the CLI's
     streamed pieces give the same windows and the same numbers, pieces forced small."""
     import json
 
