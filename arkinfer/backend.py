@@ -13,8 +13,9 @@ imports a backend SDK.
 
     name: str                                  # the registry name, e.g. "gguf"
     capabilities: Capabilities                 # what it can do, declared once (below): formats,
-        # bits, act-order, dtypes, attention modes, optional runtime, packages, remote bench.
-        # resolve, plan, preflight and doctor ask it; a target profile only narrows it.
+        # bits, act-order, the IR ops it lowers, dtypes, attention modes, optional runtime,
+        # packages, remote bench. resolve, plan, preflight, build and doctor ask it; a target
+        # profile only narrows it.
     available() -> bool                        # every toolchain importable here
     install_hint() -> str                      # the command that makes available() true
     preflight(raw_config, recipe, target, dtype) -> list[str]
@@ -56,7 +57,8 @@ imports a backend SDK.
         # after the declared keys and choices passed. Default: nothing more to check.
 
 A `Runner` (below) serves verify, eval and bench; `RunnerBase` supplies `attention_modes = ()`
-(the runner cannot switch between dense and sparse attention) and a refusing `set_attention`.
+(the runner cannot switch between dense and sparse attention), `fixed_attention = None`,
+`deferred = ()` (every check ran here) and a refusing `set_attention`.
 
 `LowerRequest.model_dir` is a Hugging Face folder holding the weights to lower: the float source
 checkpoint (`--quant f32/f16/bf16`) or the quantised folder written by `quant.export` in the
@@ -138,6 +140,10 @@ class Capabilities:
     format a profile lists must be one the backend declares: tests/test_backend_capabilities.py).
 
     formats: registered quant format names (`arkinfer.quant.formats`) lower() stores.
+    ops: the IR op kinds (`arkinfer.ir.ops.Op` values, e.g. "rms_norm") lower() takes. build
+        refuses a traced program that uses another, naming the ops and the nodes
+        (`arkinfer.lowering.program_ops.check_program_ops`). A backend that lowers from the
+        weights (`lowers_from_ir = False`) declares the ops its lowering covers.
     bits: code widths its quantised linears take; () = every width its formats store.
     act_order: takes GPTQ act-order weights (desc_act=True: a permuting g_idx).
     dtypes: float build dtypes it lowers (FLOAT_DTYPES names).
@@ -154,6 +160,7 @@ class Capabilities:
     """
 
     formats: tuple[str, ...]
+    ops: tuple[str, ...]
     bits: tuple[int, ...] = ()
     act_order: bool = False
     dtypes: tuple[str, ...] = FLOAT_DTYPES
@@ -176,6 +183,9 @@ class Capabilities:
         if "dense" not in self.attention:
             raise ArkError(f"Capabilities.attention={self.attention!r} lacks 'dense' (a config "
                            "without sparse_config runs dense everywhere)", hint=hint)
+        if not self.ops or len(set(self.ops)) != len(self.ops):
+            raise ArkError(f"Capabilities.ops={self.ops!r}: empty or repeated",
+                           hint="declare each IR op lower() takes once (arkinfer/ir/ops.py Op)")
         if self.runtime is not None and "infllmv2" not in self.attention:
             raise ArkError("Capabilities.runtime is set but attention has no 'infllmv2': the "
                            "runtime exists to run InfLLM v2", hint="add 'infllmv2' to attention")
@@ -206,8 +216,9 @@ class LowerRequest:
     target: the `Target` profile; out_dir: the (temporary) artifact folder to write into.
     options: backend-specific options from the CLI (`--option key=value`).
     progress: call with a short message for long steps.
-    program: the traced IR (`arkinfer.ir.Program`, fp32 types, no passes run, shape-only: its
-        weights live in model_dir), or None when the caller did not trace (backends then trace).
+    program: the traced IR (`arkinfer.ir.Program`, fp32 types, shape-only: its weights live in
+        model_dir), after the backend's `ir_passes`; None when the caller did not trace
+        (backends then trace: `arkinfer.lowering.program.program_of`).
     """
 
     model_dir: Path
@@ -256,6 +267,9 @@ class Runner(Protocol):
                                       # past dense_len); "dense": the runtime always runs dense
                                       # (upstream llama.cpp), so verify compares with a dense
                                       # reference and says so
+    deferred: tuple[str, ...]         # checks this runner could not run on this machine, one
+                                      # sentence each (Core ML off macOS: runtime parity, since
+                                      # a stand-in evaluator ran); verify records them. () = none
 
     def tokenize(self, text: str) -> list[int]:
         """Ids of `text` as the artifact's runtime tokenizes it (no BOS added)."""
@@ -277,10 +291,11 @@ class Runner(Protocol):
 
 
 class RunnerBase:
-    """Defaults for runners: no attention switch."""
+    """Defaults for runners: no attention switch, nothing deferred."""
 
     attention_modes: tuple[str, ...] = ()
     fixed_attention: str | None = None
+    deferred: tuple[str, ...] = ()
 
     def set_attention(self, mode: str) -> None:
         if mode not in self.attention_modes:

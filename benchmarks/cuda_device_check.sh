@@ -28,8 +28,8 @@ $PY -c "from arkinfer.backends.tensorrt.kernels.build import library_path; print
     2>&1 | tee "$OUT/build.log" || status=1
 
 step "GPU tests"
-$PY -m pytest -q -p no:cacheprovider tests/backends/test_cuda_kernels_gpu.py \
-    tests/backends/test_cuda_kernels_build.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1
+$PY -m pytest -q -p no:cacheprovider tests/backends/tensorrt/test_cuda_kernels_gpu.py \
+    tests/backends/tensorrt/test_cuda_kernels_build.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1
 
 step "conformance suite, cuda implementation"
 $PY -m pytest -q -p no:cacheprovider -m "not heavy" tests/conformance -k cuda 2>&1 \
@@ -38,7 +38,7 @@ $PY -m pytest -q -p no:cacheprovider -m "not heavy" tests/conformance -k cuda 2>
 step "compute-sanitizer memcheck (small tests)"
 if command -v compute-sanitizer > /dev/null; then
     compute-sanitizer --tool memcheck --error-exitcode 3 $PY -m pytest -q -p no:cacheprovider \
-        tests/backends/test_cuda_kernels_gpu.py -k "needle or adapter or (small and 4099) or (marlin and 512)" \
+        tests/backends/tensorrt/test_cuda_kernels_gpu.py -k "needle or adapter or (small and 4099) or (marlin and 512)" \
         2>&1 | tee "$OUT/memcheck.log" | grep -E "ERROR SUMMARY|passed|failed" || status=1
 else
     echo "compute-sanitizer not found: skipped" | tee "$OUT/memcheck.log"

@@ -1,32 +1,56 @@
 """What a backend can do is declared once (`Backend.capabilities`, issue #39) and everything
 that asks "can backend X do Y" asks it: the shipped target profiles only narrow it, resolve and
-plan follow it, gguf's InfLLM v2 follows the probe of its optional runtime, doctor lists the
-packages and runtimes the backends declare."""
+plan follow it, build refuses a program using an IR op the backend does not declare, gguf's
+InfLLM v2 follows the probe of its optional runtime, doctor lists the packages and runtimes the
+backends declare."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
+from dataclasses import replace
 from importlib import resources
+from pathlib import Path
 
 import pytest
+import torch
 
+from arkinfer import ir
 from arkinfer.backend import (ATTENTION_MODES, FLOAT_DTYPES, BackendBase, Capabilities,
-                              backend_names, get_backend)
+                              LowerRequest, backend_names, get_backend)
 from arkinfer.errors import ArkError, NotAvailableError, TargetError
 from arkinfer.latency.plan import make_plan
 from arkinfer.latency.source import KNOWN_CONFIGS
+from arkinfer.lowering.program import program_of
+from arkinfer.lowering.program_ops import check_program_ops, undeclared_ops
+from arkinfer.models.configs import tiny_config
 from arkinfer.quant.formats import all_formats, get_format
 from arkinfer.quant.recipe import PRESETS
 from arkinfer.resolve import FLOAT_SCHEMES, resolve, takes
 from arkinfer.targets import list_targets, load_target
 
 REGISTERED_FORMATS = {f.name for f in all_formats()}
+IR_OPS = {op.value for op in ir.Op}
+E2E_DIR = Path(__file__).parent / "backends" / "e2e"  # holds the numpy test backend
 # MiniCPM4.1-8B: every row a multiple of 256, so no preset's format falls back on its shapes
 MINICPM = KNOWN_CONFIGS["minicpm4.1-8b"]
 
 
 def caps(name: str) -> Capabilities:
     return get_backend(name).capabilities
+
+
+def backend_for(name: str):
+    """A registered backend, or "numpy": the e2e suite's test backend, which joins from outside
+    (tests/backends/e2e/numpy_backend; registered by an entry point only there)."""
+    if name != "numpy":
+        return get_backend(name)
+    sys.path.insert(0, str(E2E_DIR))
+    try:
+        return importlib.import_module("numpy_backend.backend").BACKEND
+    finally:
+        sys.path.remove(str(E2E_DIR))
 
 
 def profile_problems(target) -> list[str]:
@@ -62,6 +86,7 @@ def test_every_registered_backend_declares_capabilities(name):
     if c.act_order:  # some declared format must carry a g_idx
         assert any(get_format(f).constraints.act_order for f in c.formats)
     assert set(c.dtypes) <= set(FLOAT_DTYPES) and set(c.attention) <= set(ATTENTION_MODES)
+    assert c.ops and set(c.ops) <= IR_OPS, set(c.ops) - IR_OPS
     if c.extra is not None:
         assert f"arkinfer[{c.extra}]" in backend.install_hint()
     # remote bench and the runtime build are declared where the backend implements them
@@ -76,11 +101,14 @@ def test_a_backend_without_capabilities_breaks_the_contract():
 
     assert not hasattr(Undeclared(), "capabilities")
     with pytest.raises(ArkError, match=r"attention=\('sparse',\)"):
-        Capabilities(formats=("gptq",), attention=("sparse",))
+        Capabilities(formats=("gptq",), ops=("linear",), attention=("sparse",))
     with pytest.raises(ArkError, match="lacks 'dense'"):
-        Capabilities(formats=("gptq",), attention=("infllmv2",))
+        Capabilities(formats=("gptq",), ops=("linear",), attention=("infllmv2",))
     with pytest.raises(ArkError, match=r"dtypes=\('fp16',\)"):
-        Capabilities(formats=("gptq",), dtypes=("fp16",))
+        Capabilities(formats=("gptq",), ops=("linear",), dtypes=("fp16",))
+    for ops in ((), ("linear", "linear")):
+        with pytest.raises(ArkError, match=r"Capabilities.ops=.*empty or repeated"):
+            Capabilities(formats=("gptq",), ops=ops)
 
 
 def test_onnx_loader_and_declaration_agree():
@@ -90,6 +118,91 @@ def test_onnx_loader_and_declaration_agree():
     from arkinfer.backends.onnx.weights import FUNCTION_FORMATS
 
     assert set(FUNCTION_FORMATS) == set(caps("onnx").formats) == set(caps("tensorrt").formats)
+
+
+# --- the IR op table ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """{model: Program}: the demo (MiniCPM with InfLLM v2) and a 2-layer tiny Llama, traced as
+    build traces them (shape-only, fp32, no passes)."""
+    return {model: ir.trace(source, dtype=torch.float32, shape_only=True)
+            for model, source in (("demo", "demo"),
+                                  ("tiny-llama", tiny_config("llama", num_hidden_layers=2)))}
+
+
+@pytest.mark.parametrize("name", [*backend_names(), "numpy"])
+def test_declared_ops_cover_the_traced_demo_and_tiny_llama(name, traced):
+    """What build checks (`check_program_ops` after the backend's ir_passes) passes for every
+    backend on both models; a backend that lowers from the weights covers the plain trace."""
+    backend = backend_for(name)
+    passes = backend.ir_passes if backend.lowers_from_ir else ()
+    for model, program in traced.items():
+        lowered = ir.run_passes(program, passes)
+        assert undeclared_ops(lowered, backend.capabilities.ops) == {}, (name, model)
+        check_program_ops(lowered, name, backend.capabilities.ops)
+
+
+@pytest.mark.parametrize("name,module,table", [
+    ("coreml", "arkinfer.backends.coreml.program", "CONVERSIONS"),
+    ("tvm", "arkinfer.backends.tvm.lower_relax", "LOWERINGS")])
+def test_op_tables_are_what_the_backends_declare(name, module, table):
+    """The lowerings that emit from an op table (Core ML's conversions, TVM's Relax emitters)
+    take exactly the declared ops: their preflights check the table, build the declaration."""
+    if not get_backend(name).available():
+        pytest.skip(get_backend(name).install_hint())
+    ops = getattr(importlib.import_module(module), table)
+    assert {str(op) for op in ops} == set(caps(name).ops)
+
+
+def test_a_program_with_an_undeclared_op_is_refused_naming_it(traced):
+    folded = ir.run_passes(traced["tiny-llama"], ["fold_rope_tables"])  # rope -> rope_table
+    missing = undeclared_ops(folded, caps("onnx").ops)
+    assert list(missing) == ["rope_table"] and len(missing["rope_table"]) == 8  # q, k x 2 x 2
+    assert missing["rope_table"][0] == "prefill:%rope (model.layers.0.self_attn)"
+    with pytest.raises(TargetError) as err:
+        check_program_ops(folded, "onnx", caps("onnx").ops)
+    assert err.value.message.startswith("IR op(s) rope_table have no onnx lowering (rope_table "
+                                        "at 8 node(s): prefill:%rope (model.layers.0.self_attn)")
+    assert "rope, attention" in err.value.hint and "Capabilities.ops" in err.value.hint
+
+
+def test_build_refuses_an_undeclared_op_before_quantising(monkeypatch, tmp_path):
+    """The one call site, build's trace stage: the reference backend with `silu` taken out of
+    its declaration fails there, naming the op and its layers, and leaves nothing behind."""
+    from arkinfer.pipeline import build as build_module
+    from arkinfer.pipeline.plan import resolve_plan
+
+    plan = resolve_plan("demo", target="host", backend="reference", quant="f32",
+                        out=tmp_path / "art")
+    reference = get_backend("reference")
+    without = tuple(op for op in reference.capabilities.ops if op != "silu")
+    monkeypatch.setattr(reference, "capabilities", replace(reference.capabilities, ops=without))
+    stages: list[str] = []
+
+    class Stages(build_module.Reporter):
+        def stage(self, name: str) -> None:
+            stages.append(name)
+
+    with pytest.raises(TargetError, match=r"IR op\(s\) silu have no reference lowering .*"
+                                          r"\(model.layers.0.mlp\)"):
+        build_module.build(plan, reporter=Stages())
+    assert stages == ["load", "trace"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_program_of_traces_only_when_the_request_has_no_program(traced, tmp_path):
+    """Shared by onnx, coreml and tvm: build's program as handed over, else the model traced
+    now the same way (shape-only, fp32) for the entries asked, through the passes given."""
+    request = LowerRequest(tmp_path, tmp_path, None, "f32", None, tmp_path,
+                           program=traced["demo"])
+    assert program_of(request, "demo") is traced["demo"]
+    request.program = None
+    program = program_of(request, tiny_config("llama", num_hidden_layers=1),
+                         passes=("fold_rope_tables",), entries=("prefill",))
+    assert list(program.entries) == ["prefill"]
+    assert "rope_table" in {str(n.op) for n in program.entry("prefill").nodes}
 
 
 # --- target profiles only narrow --------------------------------------------------------------

@@ -167,6 +167,11 @@ def command(
         "the dequantised result one after the other in float32 and runs both over ~600 tokens: "
         "seconds for SmolLM2-135M, minutes and 32 GB of memory for an 8B model. E.g. "
         "arkinfer quantize ./MiniCPM4.1-8B --preset marlin -o ./minicpm-marlin --no-kl")] = False,
+    no_refit: Annotated[bool, typer.Option(
+        "--no-refit", help="GPTQ / P-GPTQ: keep the scales GPTQ chose instead of refitting them "
+        "to the final codes by least squares of GPTQ's own objective (docs/quant.md §2; the "
+        "refit is on by default and never raises a layer's error on the calibration text).")
+    ] = False,
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -191,6 +196,8 @@ def command(
     options: dict = {"damp": damp} if damp is not None else {}
     if static_groups:
         options.update(static_groups=True, act_order=act_order)
+    if no_refit:
+        options["refit"] = False
     if imatrix is not None:  # checked against the model before any work
         options["imatrix"] = _use_imatrix(imatrix, recipe, ckpt)
     if save_imatrix is not None:

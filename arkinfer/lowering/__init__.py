@@ -13,6 +13,10 @@ what every backend did by hand lives here, one idea a module:
     reference_folder cached_reference_folder(...): a float32 folder of an artifact's exact
                      weights, written once into ArkInfer's cache
     onnx_preflight   check_lowerable(...): what the ONNX lowering takes (onnx, tensorrt)
+    program          program_of(request, source): the program build traced, or the model
+                     traced now when the request carries none (onnx, coreml, tvm)
+    program_ops      check_program_ops(program, backend, ops): refuse a program using an IR op
+                     the backend does not declare (Capabilities.ops), naming ops and nodes
 
 Nothing here imports a backend or a backend SDK (onnx, tvm, mlx, coremltools, gguf); modules are
 imported one by one (`from arkinfer.lowering.versions import version`), so using one service

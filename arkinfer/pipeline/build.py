@@ -212,15 +212,19 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
 def _trace(plan: BuildPlan, backend) -> tuple[Any, dict[str, int]]:
     """(program, IR op -> node count): the model traced once (fp32 types) and run through the
     backend's own passes, exactly what it lowers from (LowerRequest.program) and what the
-    manifest's `ir` records. (None, {}) for a backend that lowers from the weights alone."""
+    manifest's `ir` records. (None, {}) for a backend that lowers from the weights alone.
+    Raises TargetError naming every op the backend does not declare (`Capabilities.ops`)."""
     if not backend.lowers_from_ir:
         return None, {}
     import torch
 
     from arkinfer import ir
+    from arkinfer.lowering.program_ops import check_program_ops
 
     program = ir.trace(str(plan.source), dtype=torch.float32, shape_only=True)
     program = ir.run_passes(program, backend.ir_passes)
+    # before quantise: an op the backend cannot lower fails here, not after calibration
+    check_program_ops(program, plan.backend, backend.capabilities.ops)
     op_counts: dict[str, int] = {}
     for graph in program.entries.values():
         for node in graph.nodes:

@@ -244,7 +244,7 @@ def float_reference(source: Path, runner=None, step: Callable[[str], None] | Non
     step = step or (lambda message: None)
     step("load the float reference")
     model = ReferenceRunner(source)
-    attention = getattr(runner, "fixed_attention", None) or "model"
+    attention = (runner.fixed_attention if runner is not None else None) or "model"
     if attention == "dense":
         model.set_attention("dense")
     prompts = verification_prompts(model.tokenizer, read_config(source))
@@ -360,8 +360,9 @@ def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
                         "artifact's runtime tokenises the prompts differently)")
     result = {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,
               "failures": failures, "prompt_lengths": [len(p) for p in prompts]}
-    # A runner that is not the target's runtime (Core ML off macOS) names what it left unchecked.
-    if getattr(runner, "deferred", ()):
+    # A runner that is not the target's runtime (Core ML off macOS) names what it left unchecked
+    # (`Runner.deferred`, () for every other runner).
+    if runner.deferred:
         result["deferred"] = list(runner.deferred)
     return result
 
@@ -383,7 +384,7 @@ def backend_fidelity(backend, artifact: Path, runner, step,
     from arkinfer.pipeline.reference_runner import ReferenceRunner
 
     step(f"load the quantised reference ({Path(weights).name})")
-    loaded = ReferenceRunner(weights, dense=getattr(runner, "fixed_attention", None) == "dense")
+    loaded = ReferenceRunner(weights, dense=runner.fixed_attention == "dense")
     quantised = RecordedLogits(loaded)  # its logits serve both comparisons
     prompts = verification_prompts(loaded.tokenizer, read_config(loaded.ckpt.path))
     m = parity_metrics(quantised, runner, prompts, step)

@@ -115,9 +115,8 @@ def _compress(path: Path, how: str) -> str:
 
 def lower(request: LowerRequest) -> LowerResult:
     import coremltools as ct
-    import torch
 
-    from arkinfer import ir
+    from arkinfer.lowering.program import program_of
 
     from .preflight import raise_unconverted
     from .program import unconverted_ops
@@ -126,10 +125,7 @@ def lower(request: LowerRequest) -> LowerResult:
     out = Path(request.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     src = SourceWeights(request.model_dir)
-    program = request.program
-    if program is None:
-        request.progress("tracing the IR (prefill)")
-        program = ir.trace(src.raw, dtype=torch.float32, shape_only=True, entries=("prefill",))
+    program = program_of(request, src.raw, entries=("prefill",))  # both functions build from it
     raise_unconverted(unconverted_ops(program))
     context, compute, compress = options_of(request, int(program.meta["max_len"]))
     notes, layers = [], {}

@@ -25,6 +25,10 @@ CAPABILITIES = Capabilities(
     # formats whose canonical weights `constexpr_blockwise_shift_scale` holds exactly: integer
     # zero points, static groups (no act-order), fp16 scales, 4- or 8-bit codes
     formats=("gptq", "awq", "marlin", "gguf-q4_0"), bits=(4, 8),
+    # program.CONVERSIONS' keys (a test keeps them equal); rope_table is not converted: the
+    # cos / sin tables are computed from positions in fp32, not held as a [max_len, D] constant
+    ops=("embed", "linear", "rms_norm", "rope", "attention", "add", "mul", "mul_scalar",
+         "div_scalar", "silu", "cast", "reshape", "transpose", "concat", "slice"),
     cache_dtypes=("f16",),  # the KV cache is Core ML state, fp16
     extra="coreml", packages={"coremltools": ""},
 )

@@ -5,7 +5,7 @@
   8 bits, no act-order (a non-static g_idx has no block layout): the backend's `Capabilities`.
 - Every IR op the model traces to must have a conversion (`program.CONVERSIONS`); the IR is
   traced from config.json alone (shape only, no weights), so an op without a conversion is an
-  error naming it here, not after calibration.
+  error naming it and its nodes here (`arkinfer.lowering.program_ops`), not after calibration.
 - `sparse_config.use_nope=true` (selection on pre-RoPE q / k) has no conversion yet.
 """
 
@@ -15,6 +15,10 @@ from typing import Any
 
 from arkinfer.backend import Capabilities
 from arkinfer.errors import TargetError
+from arkinfer.lowering.program_ops import check_program_ops, raise_undeclared
+
+HINT = ("backends/coreml/program.py CONVERSIONS lists the converted ops; use another backend "
+        "for this model (e.g. --backend gguf)")
 
 
 def check_recipe(recipe: Any, caps: Capabilities) -> None:
@@ -37,23 +41,20 @@ def check_recipe(recipe: Any, caps: Capabilities) -> None:
 
 def check_ops(raw_config: dict) -> None:
     """Trace the IR from config.json (shape only) and raise naming every op without a
-    conversion (`program.unconverted_ops`)."""
+    conversion (`program.CONVERSIONS`)."""
     import torch
 
     from arkinfer import ir
 
-    from .program import unconverted_ops
+    from .program import CONVERSIONS
 
     if (raw_config.get("sparse_config") or {}).get("use_nope"):
         raise TargetError("sparse_config.use_nope=true (InfLLM v2 selection on pre-RoPE q / k) "
                           "has no Core ML conversion yet", hint="use a config with use_nope=false")
     program = ir.trace(raw_config, dtype=torch.float32, shape_only=True, entries=("prefill",))
-    raise_unconverted(unconverted_ops(program))
+    check_program_ops(program, "Core ML", CONVERSIONS, hint=HINT)
 
 
 def raise_unconverted(missing: dict[str, list[str]]) -> None:
-    if missing:
-        where = "; ".join(f"{op} (at {', '.join(nodes[:3])})" for op, nodes in missing.items())
-        raise TargetError(f"IR op(s) without a Core ML conversion: {where}",
-                          hint="backends/coreml/program.py CONVERSIONS lists the converted ops; "
-                          "use another backend for this model (e.g. --backend gguf)")
+    """Raise TargetError naming the ops of `program.unconverted_ops` (op -> nodes), if any."""
+    raise_undeclared(missing, "Core ML", HINT)

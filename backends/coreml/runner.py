@@ -8,7 +8,8 @@ On macOS (`sys.platform == "darwin"`) the package runs in Core ML itself: `MLMod
 function_name="prefill" | "decode")`, one `make_state()` shared by both functions. Everywhere
 else Core ML's runtime does not exist (coremltools' `predict` is macOS-only), so the runner
 evaluates the *saved* package's MIL program with coremltools' op definitions (evaluate.py) and
-says so: `runtime` names what ran and `deferred` lists the checks left for macOS.
+says so: `runtime` names what ran and `deferred` (the Runner contract's, which verify records)
+lists the checks left for macOS.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class CoreMLRunner(StepRunner):
         if on_macos():
             self._open_coreml()
             self.runtime = "Core ML (MLModel.predict, macOS)"
-            self.deferred: tuple[str, ...] = ()
+            self.deferred = ()  # Core ML itself ran: nothing left for another machine
         else:
             self._open_evaluator()
             self.runtime = "MIL evaluator (coremltools value inference of the saved package)"

@@ -30,6 +30,11 @@ DEFAULT_N_CTX = 2048
 CAPABILITIES = Capabilities(
     # the GGUF block types lower() writes from the canonical weights (README.md's type table)
     formats=("gguf-q4_0", "gguf-q4_1", "gguf-q8_0", "gguf-iq4_nl", "gguf-tq1_0", "gguf-tq2_0"),
+    # model.gguf is written from the weights, not the IR (lowers_from_ir = False): llama.cpp's
+    # graph of each architecture in lower.ARCH_OF runs every op that architecture traces to
+    # (every IR op but rope_table, which only the fold_rope_tables pass makes)
+    ops=("embed", "linear", "rms_norm", "rope", "attention", "add", "mul", "mul_scalar",
+         "div_scalar", "silu", "cast", "reshape", "transpose", "concat", "slice"),
     cache_dtypes=("f16", "f32"),  # runner.KV_TYPES: f16 is llama.cpp's default
     # upstream llama.cpp runs MiniCPM dense; the patched build runs InfLLM v2
     runtime=OptionalRuntime(

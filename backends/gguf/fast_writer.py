@@ -5,7 +5,7 @@ packed in bulk: gguf-py packs them element by element in Python (~1.3 s of SmolL
 
 Arrays of strings become one join of `u64 length + utf-8 bytes`; arrays of numbers or bools one
 numpy `tobytes()` in little-endian order; anything else (big-endian files, short or mixed arrays)
-goes through gguf-py's own `_pack_val`. tests/backends/test_gguf_fast_writer.py compares the
+goes through gguf-py's own `_pack_val`. tests/backends/gguf/test_gguf_fast_writer.py compares the
 bytes with gguf-py's packing.
 """
 

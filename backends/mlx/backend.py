@@ -24,6 +24,11 @@ CAPABILITIES = Capabilities(
     # are MLX affine's (the `mlx` format's constraints); MLX groups consecutive columns, so no
     # act-order.
     formats=("mlx", "gptq", "awq"),
+    # the artifact is weights + config, not the IR (lowers_from_ir = False): model.py runs every
+    # op the architectures preflight accepts trace to (every IR op but rope_table, which only
+    # the fold_rope_tables pass makes)
+    ops=("embed", "linear", "rms_norm", "rope", "attention", "add", "mul", "mul_scalar",
+         "div_scalar", "silu", "cast", "reshape", "transpose", "concat", "slice"),
     cache_dtypes=("f32", "f16", "bf16"),  # the KV cache is kept in the weights' float dtype
     extra="mlx", packages={"mlx": ""},
 )

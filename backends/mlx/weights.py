@@ -3,7 +3,8 @@ tensors.py writes; mlx-lm reads the same files).
 
     weights = read_weights(artifact_dir, raw_config)   # {"model.layers.0.mlp.up_proj": Linear}
 
-Layout (mlx-lm's): a quantised linear `<name>` is `<name>.weight` uint32 [N, K*bits/32] (first
+Layout (mlx-lm's; the registered `mlx` format's `packed_shapes` and `shape_refusal` state its
+shapes and rules): a quantised linear `<name>` is `<name>.weight` uint32 [N, K*bits/32] (first
 value in the low bits), `<name>.scales` and `<name>.biases` [N, K/group_size] (fp16 or fp32),
 `w = scales*q + biases` per group; `<name>.bias` (Qwen2) stays float. A linear without
 `.scales` is float `<name>.weight` [N, K]. bits / group_size come from config.json
@@ -24,6 +25,7 @@ import mlx.core as mx
 
 from arkinfer.errors import CheckpointError
 from arkinfer.frontend.safetensors_io import weight_files
+from arkinfer.quant.formats.mlx import MLX
 
 from .config import quantization_of
 from .tensors import model_layout
@@ -124,17 +126,17 @@ def _linear(owner: str, shape: tuple[int, ...], arrays: dict[str, mx.array], raw
     if "biases" not in present:
         problems.append(f"'{owner}' has .scales but no '{names['biases']}'")
         return None
-    want_w, want_s = (n, k * bits // 32), (n, k // group)
-    if k % group or (k * bits) % 32:
-        problems.append(f"'{owner}': in_features={k} is not a multiple of group_size={group} "
-                        f"(and of 32/bits={32 // bits})")
-    if w.dtype != mx.uint32 or tuple(w.shape) != want_w:
+    why = MLX.shape_refusal(n, k, bits=bits, group_size=group)
+    if why is not None:
+        problems.append(f"'{owner}': {why} (bits={bits}, group_size={group})")
+    want = MLX.packed_shapes(n, k, bits=bits, group_size=group)
+    if w.dtype != mx.uint32 or tuple(w.shape) != want["weight"]:
         problems.append(f"'{names['weight']}' is {w.dtype} {list(w.shape)}, expected uint32 "
-                        f"{list(want_w)} ({bits}-bit packed)")
+                        f"{list(want['weight'])} ({bits}-bit packed)")
     for key in ("scales", "biases"):
-        if tuple(present[key].shape) != want_s:
+        if tuple(present[key].shape) != want[key]:
             problems.append(f"'{names[key]}' has shape {list(present[key].shape)}, expected "
-                            f"{list(want_s)} (group_size {group})")
+                            f"{list(want[key])} (group_size {group})")
     return Linear(w, present["scales"], present["biases"], bias, bits, group)
 
 

@@ -16,17 +16,17 @@ import json
 from pathlib import Path
 
 import onnx
-import torch
 
-from arkinfer import __version__, ir
+from arkinfer import __version__
 from arkinfer.backend import LowerRequest, LowerResult
 from arkinfer.lowering.hf_folder import HF_DIR, copy_hf_folder
+from arkinfer.lowering.program import program_of
 from arkinfer.lowering.tokenizer_files import copy_tokenizer_files, tokenizer_dir
 from arkinfer.lowering.versions import version
 
 from . import fn_fused
-from .lower_onnx import lower_to_onnx
 from .host_graph import DEFAULT_MAX_POSITIONS, MAX_POSITIONS_KEY
+from .lower_onnx import lower_to_onnx
 from .runner import ONNX_FILE
 from .weights import FolderWeights
 
@@ -39,10 +39,7 @@ def lower(request: LowerRequest, backend: str = "onnx") -> LowerResult:
     src = FolderWeights(request.model_dir)
     out = Path(request.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    program = request.program
-    if program is None:
-        request.progress("tracing the IR (prefill, symbolic T and P)")
-        program = ir.trace(src.raw, dtype=torch.float32, shape_only=True, entries=("prefill",))
+    program = program_of(request, src.raw, entries=("prefill",))  # one graph serves both calls
     recipe = request.recipe.describe() if request.recipe is not None else f"float {request.dtype}"
     target = getattr(request.target, "id", None) or "unknown"
     sparse = program.meta.get("sparse_config")

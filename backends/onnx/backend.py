@@ -21,6 +21,10 @@ CAPABILITIES = Capabilities(
     # quantised linears are arkinfer.MarlinLinear / arkinfer.Int4Linear functions: 4-bit codes
     # with a g_idx input (act-order runs through the function body; MatMulNBits has no g_idx)
     formats=("marlin", "gptq", "awq"), bits=(4,), act_order=True,
+    # the ops lower_onnx emits node by node; rope_table (the fold_rope_tables pass) is not
+    # one: rope runs from positions (arkinfer.RotaryGQA / com.microsoft.GroupQueryAttention)
+    ops=("embed", "linear", "rms_norm", "rope", "attention", "add", "mul", "mul_scalar",
+         "div_scalar", "silu", "cast", "reshape", "transpose", "concat", "slice"),
     extra="onnx", packages={"onnx": "graph", "onnxruntime": "host runner"},
 )
 

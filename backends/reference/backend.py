@@ -22,6 +22,10 @@ MODEL_DIR = "model"
 CAPABILITIES = Capabilities(
     # every registered format: `quant.load` unpacks each with its numpy reference (g_idx too)
     formats=tuple(f.name for f in all_formats()), act_order=True,
+    # its runtime is the reference model the IR is traced from (it does not read the program),
+    # and arkinfer.ir.interpret gives every op its meaning there: every IR op
+    ops=("embed", "linear", "rms_norm", "rope", "rope_table", "attention", "add", "mul",
+         "mul_scalar", "div_scalar", "silu", "cast", "reshape", "transpose", "concat", "slice"),
 )
 
 

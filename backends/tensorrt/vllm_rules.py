@@ -6,7 +6,9 @@ Sources (vllm-project/vllm, vllm/model_executor/layers/quantization/):
   `checkpoint_format == "marlin"` or `is_marlin_format`; `from_config` reads `group_size` and
   `lm_head`; group_size must be 128 or -1; `get_supported_act_dtypes` = [float16] and
   `create_weights` raises unless params dtype is float16; per linear: out % min_n_threads (64),
-  out % pack_factor (8), in % min_k_threads (128), in % group_size, out % (perm_len / 16^2 = 4);
+  out % pack_factor (8), in % min_k_threads (128), in % group_size, out % (perm_len / 16^2 = 4)
+  (the registered `marlin` format's shape rules: its `shape_refusal` answers them, as the
+  `gptq` and `awq` formats' answer theirs below);
   parameters `B` int32 [in / 16, out * 16 / 8] and `s` (params dtype) [groups, out].
 - gptq_marlin.py `GPTQMarlinConfig`: `is_gptq_marlin_compatible` needs quant_method "gptq" and
   all of bits, group_size, sym, desc_act; (bits, sym) in {(4, True), (8, True)}; `from_config`
@@ -24,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from arkinfer.frontend.safetensors_io import read_header, weight_files
+from arkinfer.quant.formats.awq import AWQ
+from arkinfer.quant.formats.gptq import GPTQ
+from arkinfer.quant.formats.marlin import MARLIN
 
 _HALF = ("F16",)
 _HALF_OR_BF16 = ("F16", "BF16")
@@ -72,31 +77,33 @@ def _linear_problems(method: str, owner: str, t: dict[str, Any], qcfg: dict) -> 
 
     group = int(qcfg.get("group_size", 128))
     if method == "marlin":
+        fmt, bits = MARLIN, 4
         k, n = t["B"].shape[0] * 16, t["B"].shape[1] // 2
         groups = 1 if group == -1 else k // group
         want("B", ("I32",), (k // 16, n * 16 // 8))
         want("s", _HALF, (groups, n))
-        for rule, ok in ((f"out {n} % 64", n % 64 == 0), (f"in {k} % 128", k % 128 == 0),
-                         (f"in {k} % group {group}", group == -1 or k % group == 0)):
-            if not ok:
-                p.append(f"{owner}: {rule} != 0")
     elif method in ("gptq", "gptq_marlin"):
-        pack = 32 // int(qcfg.get("bits", 4))
+        fmt, bits = GPTQ, int(qcfg.get("bits", 4))
+        word = GPTQ.constraints.in_word_bits  # codes and zero points as bit streams of int32s
         n = t["qweight"].shape[1]
-        k = t["qweight"].shape[0] * pack
+        k = t["qweight"].shape[0] * word // bits
         groups = 1 if group == -1 else k // group
-        want("qweight", ("I32",), (k // pack, n))
+        want("qweight", ("I32",), (k * bits // word, n))
         want("g_idx", ("I32",), (k,))
-        want("qzeros", ("I32",), (groups, n // pack))
+        want("qzeros", ("I32",), (groups, n * bits // word))
         want("scales", _HALF_OR_BF16, (groups, n))
     else:
+        fmt, bits = AWQ, 4
         k, n = t["qweight"].shape[0], t["qweight"].shape[1] * 8
         groups = k // group if group > 0 else 1
         want("qweight", ("I32",), (k, n // 8))
         want("qzeros", ("I32",), (groups, n // 8))
         want("scales", _HALF, (groups, n))
-        if group > 0 and k % group:
-            p.append(f"{owner}: in {k} % group {group} != 0")
+    # vLLM's per-linear shape rules are the formats' own: marlin's tiles (out % 64, in % 128),
+    # whole int32 words (out % pack_factor) and whole groups (in % group_size)
+    why = fmt.shape_refusal(n, k, bits=bits, group_size=group)
+    if why is not None:
+        p.append(f"{owner}: {why} (vLLM's {method} loader)")
     return p
 
 

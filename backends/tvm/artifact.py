@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
 
-from arkinfer import ir
 from arkinfer.backend import LowerRequest, LowerResult
 from arkinfer.errors import ArkError
 from arkinfer.frontend.shard_writer import honour_umask
+from arkinfer.lowering.program import program_of
 from arkinfer.lowering.tokenizer_files import TOKENIZER_FILES, copy_tokenizer_files
 from arkinfer.lowering.versions import version
 
@@ -93,13 +91,6 @@ def decode_activations(options: dict[str, str]) -> str:
     return value
 
 
-def _program(request: LowerRequest, passes: tuple[str, ...]) -> Any:
-    if request.program is not None:
-        return request.program
-    program = ir.trace(str(request.source_dir), dtype=torch.float32, shape_only=True)
-    return ir.run_passes(program, passes)
-
-
 def notes_for(variants: tuple[str, ...], activations: str = DECODE_ACTIVATIONS[0]) -> list[str]:
     """What is and is not verified on this machine (the manifest keeps them)."""
     notes = ["verified here: the host (llvm) build of the same Relax module, against ArkInfer's "
@@ -157,7 +148,7 @@ def lower(request: LowerRequest, passes: tuple[str, ...]) -> LowerResult:
     variants = device_variants(request.options)
     float_dtype = float_weights(request.options)
     activations = decode_activations(request.options)
-    program = _program(request, passes)
+    program = program_of(request, str(request.source_dir), passes=passes)
     request.progress(f"pack weights (q4 + {np.dtype(float_dtype).name} float matrices)")
     params, layers = program_params(program, SourceWeights(request.model_dir), float_dtype)
     request.progress(f"compile llvm + {', '.join(variants) or 'no device'}")

@@ -24,6 +24,10 @@ CAPABILITIES = Capabilities(
     # repacked losslessly from any of these formats' canonical weights (weights.py)
     formats=("gguf-q4_0", "gguf-q4_1", "ort", "onnx-qdq", "gptq", "awq", "marlin", "mlx"),
     bits=(4,),
+    # lower_relax.LOWERINGS' keys (a test keeps them equal): every IR op, rope_table included
+    # (its ir_passes fold RoPE into a cos|sin table)
+    ops=("embed", "linear", "rms_norm", "rope", "rope_table", "attention", "add", "mul",
+         "mul_scalar", "div_scalar", "silu", "cast", "reshape", "transpose", "concat", "slice"),
     extra="tvm", packages={"apache-tvm": ""},
     remote_bench=True,  # `bench --rpc`: TVM RPC (rpc_bench.py)
 )

@@ -52,6 +52,7 @@ from ..weight import UNIFORM_BITS, Kind, QuantError, QuantizedWeight
 from .base import BlockCalibrator, BlockResult, CalibContext
 from .block import SEQUENTIAL_GROUPS, BlockRunner
 from .hessian import prefix_split
+from .refit import refit_scales, refittable
 from .sequential import SequentialForward, supports
 
 DEFAULT_BLOCK = 128
@@ -111,13 +112,14 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
                   static_groups: bool = False, damp: float = 0.01,
                   block_size: int = DEFAULT_BLOCK, scale_dtype: torch.dtype | None = None,
                   dtype: torch.dtype = torch.float32, grid: Grid = "minmax",
-                  name: str = "", fmt=None) -> GPTQResult:
+                  name: str = "", fmt=None, refit: bool = False) -> GPTQResult:
     """GPTQ of `w` [out, in] with Hessian [in, in] -> canonical weight (codes in the original
     column order). `dtype` is the working precision of the error updates (float32 as the
     reference; float64 for tests). `grid`: how each group's scale is chosen (rtn.find_params;
     `mse` weighs each column's error by the Hessian's diagonal, its input's mean square).
     `fmt`: storage format (or name) whose parameter snapping applies (module docstring), e.g.
-    "gguf-q6_k"; None = none."""
+    "gguf-q6_k"; None = none. `refit`: the scales are then refitted to the codes by least
+    squares of the same objective (quant/calib/refit.py)."""
     if bits not in UNIFORM_BITS:
         raise QuantError(f"bits={bits} for {name or 'a layer'!r} is not supported by GPTQ; "
                          f"allowed {UNIFORM_BITS}", "pick one of the allowed bit widths")
@@ -204,6 +206,11 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
                          group_size=group_size, sym=sym, g_idx=g_idx, name=name, mins=mins,
                          levels=params.levels,
                          kind=Kind.UNIFORM if params.levels is None else Kind.CODEBOOK)
+    if refit and refittable(qw, fmt):
+        h_damped = hessian.detach().double().clone()
+        h_damped.diagonal().copy_(diag_h.double())
+        h_damped.diagonal().add_(damp_used * float(diag_h.double().mean()))
+        qw, _ = refit_scales(qw, w.detach().masked_fill(dead[None, :], 0), h_damped, scale_dtype)
     return GPTQResult(qw, damp_used, int(dead.sum()), float(loss))
 
 
@@ -307,7 +314,9 @@ class GPTQConfig:
     static_groups, damp [damp_percent], block_size, true_sequential; prefix_skip: positions at
     the start of every calibration sequence treated apart in the Hessian (0 = GPTQ, 4 = P-GPTQ);
     prefix_cap: those positions enter H with their norm capped at prefix_cap x the RMS norm of
-    the other tokens (0 = left out entirely; see hessian.py)."""
+    the other tokens (0 = left out entirely; see hessian.py); refit: the scales refitted to the
+    codes by least squares of GPTQ's objective once a layer's codes are fixed (refit.py; on the
+    development texts 0-2 % lower KL, never higher)."""
 
     bits: int = 4
     group_size: int = 128
@@ -320,6 +329,7 @@ class GPTQConfig:
     prefix_skip: int = 0
     prefix_cap: float = 0.0
     grid: Grid = "minmax"
+    refit: bool = True
 
 
 class GPTQCalibrator(BlockCalibrator):
@@ -349,7 +359,7 @@ class GPTQCalibrator(BlockCalibrator):
         return gptq_quantize(w, h, bits=bits, group_size=group, sym=sym,
                              act_order=c.act_order, static_groups=c.static_groups, damp=c.damp,
                              block_size=c.block_size, scale_dtype=ctx.scale_dtype, grid=c.grid,
-                             name=name, fmt=ctx.format_for(layer or name))
+                             name=name, fmt=ctx.format_for(layer or name), refit=c.refit)
 
     def _quantize_sharing(self, runner: BlockRunner, names: list[str], h: Tensor,
                           ctx: CalibContext) -> list[tuple[str, GPTQResult]]:

@@ -8,14 +8,14 @@ this package imports them all (the registration order) and re-exports the regist
     assert fmt.unpack(tensors, qw.out_features, qw.in_features, group_size=128).equals(qw)
 
 Registered: gptq, awq, marlin, gguf-q4_0, gguf-q4_1, gguf-q5_0, gguf-q5_1, gguf-q8_0, gguf-iq4_nl,
-gguf-q4_k, gguf-q5_k, gguf-q6_k, gguf-tq1_0, gguf-tq2_0, mlx, ort, onnx-qdq, ternary. Each one's `constraints` (bits, group sizes, sym, act-order, shape rules) is
-data.
+gguf-q4_k, gguf-q5_k, gguf-q6_k, gguf-tq1_0, gguf-tq2_0, mlx, ort, onnx-qdq, ternary, tvm-q4.
+Each one's `constraints` (bits, group sizes, sym, act-order, shape rules) is data.
 """
 
 from __future__ import annotations
 
 # Importing the format modules registers them in registry.py (order = listing order).
-from . import awq, gguf, gptq, marlin, mlx, onnx_qdq, ort, ternary  # noqa: F401
+from . import awq, gguf, gptq, marlin, mlx, onnx_qdq, ort, ternary, tvm_q4  # noqa: F401
 from .base import Constraints, Format, FormatError
 from .registry import all_formats, get_format, register
 

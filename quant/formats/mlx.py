@@ -38,16 +38,11 @@ from .affine_bias import ScaleStorage, affine_bias, check_bias_recovers_zero
 from .base import Constraints, Format, FormatError, expect_shape, n_groups, require
 from .bitpack import pack_bits, unpack_bits
 from .registry import register
-
-SCALE_BYTES: dict[str, int] = {"float16": 2, "float32": 4}
+from .scale_storage import SCALE_BYTES, scale_storage
 
 
 def _scale_storage(scale_dtype: str) -> ScaleStorage:
-    if scale_dtype not in SCALE_BYTES:
-        raise FormatError(f"mlx: scale_dtype={scale_dtype!r} is not a storage dtype for MLX "
-                          f"scales and biases (allowed {sorted(SCALE_BYTES)})",
-                          "use 'float16' (mlx-lm's default) or 'float32' (exact)")
-    return scale_dtype  # type: ignore[return-value]
+    return scale_storage(scale_dtype, "mlx scales and biases (float16 is mlx-lm's default)")
 
 
 class MLXFormat(Format):
@@ -65,6 +60,16 @@ class MLXFormat(Format):
         (4 in fp32)."""
         n, k, ng = out_features, in_features, n_groups(in_features, group_size)
         return n * k * bits // 8 + 2 * SCALE_BYTES[_scale_storage(scale_dtype)] * ng * n
+
+    def packed_shapes(self, out_features: int, in_features: int, *, bits: int,
+                      group_size: int) -> dict[str, tuple[int, int]]:
+        """Shapes of the tensors `pack` writes for an `[out, in]` weight: "weight" uint32
+        [out, in*bits/32] (each row's codes as one bit stream), "scales" and "biases"
+        [out, in/group_size]. For any width MLX packs (mlx-lm's 5- and 6-bit too): readers of
+        MLX folders ask it."""
+        groups = n_groups(in_features, group_size)
+        return {"weight": (out_features, in_features * bits // 32),
+                "scales": (out_features, groups), "biases": (out_features, groups)}
 
     def _check_extra(self, qw: QuantizedWeight, refuse) -> None:
         check_bias_recovers_zero(qw, refuse)
@@ -89,12 +94,11 @@ class MLXFormat(Format):
             raise FormatError(f"mlx: group_size={group_size}, bits={bits} are not an MLX affine "
                               f"mode (group in {self.constraints.group_sizes}, bits in "
                               f"{self.constraints.bits})", "read them from config.json")
-        weight = expect_shape(require(tensors, "weight", self.name), (out, inp * bits // 32),
-                              "weight", self.name)
-        raw_biases = expect_shape(require(tensors, "biases", self.name), (out, inp // group_size),
-                                  "biases", self.name)
-        scales = expect_shape(require(tensors, "scales", self.name), (out, inp // group_size),
-                              "scales", self.name).astype(np.float32)
+        shapes = self.packed_shapes(out, inp, bits=bits, group_size=group_size)
+        weight, raw_biases, scales = (
+            expect_shape(require(tensors, key, self.name), shapes[key], key, self.name)
+            for key in ("weight", "biases", "scales"))
+        scales = scales.astype(np.float32)
         storage: ScaleStorage = "float32" if np.asarray(raw_biases).dtype == np.float32 \
             else "float16"
         return (unpack_bits(weight.view(np.uint32), bits, inp, axis=1), scales,

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 # Heavy (make test-all; `pytest tests/conformance -k llamacpp -m heavy`): every check writes and loads one-layer GGUFs in the patched llama.cpp, ~4.5 min;
 # one pytest process running every implementation's checks outgrew this machine's 24 GB.
-# CI runs the backend's own InfLLM v2 tests instead (tests/backends/test_gguf_infllmv2.py).
+# CI runs the backend's own InfLLM v2 tests instead (tests/backends/gguf/test_gguf_infllmv2.py).
 HEAVY = True
 
 import atexit

@@ -20,6 +20,7 @@ import numpy as np
 
 from arkinfer.backend import BackendBase, Capabilities, LowerRequest, LowerResult
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
+from arkinfer.ir.ops import Op
 from arkinfer.lowering.hf_folder import HF_DIR, copy_hf_folder
 from arkinfer.lowering.tokenizer_files import copy_tokenizer_files, tokenizer_dir
 from arkinfer.lowering.versions import version
@@ -29,6 +30,8 @@ WEIGHTS = "weights.npz"
 PROFILE = Path(__file__).with_name("numpy-host.toml")
 CAPABILITIES = Capabilities(
     formats=("gptq",), bits=(4,), dtypes=("f32",), cache_dtypes=("f32",),
+    # the runner is ArkInfer's reference model, which every IR op is traced from
+    ops=tuple(Op),
     attention=("dense", "infllmv2"),  # the reference model runs a config's sparse_config
     packages={"numpy": "writes and reads weights.npz"},
 )

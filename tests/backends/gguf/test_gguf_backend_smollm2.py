@@ -27,7 +27,7 @@ from arkinfer.errors import NotAvailableError
 from arkinfer.generate import perplexity
 
 pytestmark = pytest.mark.llamacpp
-EVAL_TEXT = Path(__file__).resolve().parents[2] / "arkinfer" / "data" / "corpus_eval.txt"
+EVAL_TEXT = Path(__file__).resolve().parents[3] / "arkinfer" / "data" / "corpus_eval.txt"
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
                   "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
                   "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
