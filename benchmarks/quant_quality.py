@@ -109,7 +109,10 @@ ROWS = {
                                     skip=(), budget=4.9), OLD, floor=3.0),
     "gptq-g64-mse": Row("GPTQ g64 sym act-order checkpoint (gptq layout)",
                         dict(calib="gptq", format="gptq", group_size=64, grid="mse",
-                             desc_act=True), {"refit": False}, runtime="torch"),
+                             desc_act=True), runtime="torch"),
+    "gptq-g64-norefit": Row("the same without the scale refit (ablation)",
+                            dict(calib="gptq", format="gptq", group_size=64, grid="mse",
+                                 desc_act=True), {"refit": False}, runtime="torch"),
     "gptq-g64-static": Row("GPTQ g64 sym, act-order over static groups, checkpoint (gptq layout, "
                            "no g_idx; preset gptq --act-order --static-groups)",
                            dict(calib="gptq", format="gptq", group_size=64, grid="mse"), OLD,
@@ -117,6 +120,9 @@ ROWS = {
     "awq-g64-mse": Row("AWQ g64 asym checkpoint (awq layout; preset awq)",
                        dict(calib="awq", format="awq", group_size=64, sym=False, grid="mse"),
                        runtime="torch"),
+    "awq-g64-norefit": Row("the same without the scale refit (ablation)",
+                           dict(calib="awq", format="awq", group_size=64, sym=False, grid="mse"),
+                           {"refit": False}, runtime="torch"),
 }
 LLAMA_CPP = {"llama.cpp-q4_0": "Q4_0", "llama.cpp-q4_k_m": "Q4_K_M", "llama.cpp-iq4_xs": "IQ4_XS"}
 ORDER = [*LLAMA_CPP, *ROWS]

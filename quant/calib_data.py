@@ -40,7 +40,7 @@ from .calib_corpus import (CALIB_MAX_BYTES, NAMED, PROSE_TEXT, Domain, calibrati
                            chat_renderer, is_self, read_texts)
 from .weight import QuantError
 
-__all__ = ["CALIB_MAX_BYTES", "CalibData", "PROSE_TEXT", "calibration_from_ids",
+__all__ = ["CALIB_MAX_BYTES", "CalibData", "PROSE_TEXT", "calibration_from_ids", "calibration_of",
            "check_calibration_size", "load_calibration", "read_texts", "sample_windows"]
 
 
@@ -175,6 +175,24 @@ def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samp
     if generation is not None:
         settings["generation"] = generation
     return CalibData(ids, mask, settings)
+
+
+def calibration_of(checkpoint, path: str | Path | None, samples: int, seq_len: int, seed: int = 0,
+                   progress: Callable[[str], None] | None = None) -> CalibData:
+    """`load_calibration` for an opened checkpoint (`frontend.checkpoint.open_checkpoint`): its
+    tokenizer, its first EOS id as the separator and pad, its context and hidden sizes for the
+    size check, and the checkpoint itself for `--calib self`. `arkinfer quantize` and `build`
+    both calibrate through this."""
+    if checkpoint.tokenizer is None:
+        raise QuantError(f"{checkpoint.path} has no tokenizer.json; calibration text must be "
+                         "tokenised", "add the model's tokenizer.json to the folder")
+    eos = checkpoint.config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    return load_calibration(checkpoint.tokenizer, path, samples, seq_len, seed,
+                            eos if isinstance(eos, int) else None,
+                            max_positions=checkpoint.config.max_position_embeddings,
+                            hidden_size=checkpoint.config.hidden_size, checkpoint=checkpoint,
+                            progress=progress)
 
 
 def interleave(parts: list[torch.Tensor]) -> torch.Tensor:

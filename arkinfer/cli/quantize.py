@@ -168,19 +168,18 @@ def command(
         "seconds for SmolLM2-135M, minutes and 32 GB of memory for an 8B model. E.g. "
         "arkinfer quantize ./MiniCPM4.1-8B --preset marlin -o ./minicpm-marlin --no-kl")] = False,
     no_refit: Annotated[bool, typer.Option(
-        "--no-refit", help="GPTQ / P-GPTQ: keep the scales GPTQ chose instead of refitting them "
-        "to the final codes by least squares of GPTQ's own objective (docs/quant.md §2; the "
-        "refit is on by default and never raises a layer's error on the calibration text).")
+        "--no-refit", help="GPTQ / P-GPTQ / AWQ: keep the scales the algorithm chose instead of "
+        "refitting them to the final codes by least squares of the layer's output error on the "
+        "calibration inputs (docs/quant.md §2; on by default, it never raises that error).")
     ] = False,
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    from arkinfer.errors import ArkError
     from arkinfer.frontend.checkpoint import open_checkpoint
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib.weight_only import is_weight_only, quantize_weight_only
-    from arkinfer.quant.calib_data import check_calibration_size, load_calibration
-    from arkinfer.quant.export import check_quantised_output, export_folder
+    from arkinfer.quant.calib_data import calibration_of, check_calibration_size
+    from arkinfer.quant.export import SUMMARY_NAME, check_quantised_output, export_folder
     from arkinfer.resolve import fit_recipe
 
     # act-order over static groups leaves g_idx static: the recipe (format check) has no desc_act
@@ -213,17 +212,9 @@ def command(
     weight_only = is_weight_only(recipe) and not report
     data = None
     if not weight_only or save_imatrix is not None:
-        if ckpt.tokenizer is None:
-            raise ArkError(f"{ckpt.path} has no tokenizer.json; calibration text must be "
-                           "tokenised", hint="add the model's tokenizer.json to the folder")
-        eos = ckpt.config.eos_token_id
-        eos = eos[0] if isinstance(eos, list) and eos else eos
-        data = load_calibration(ckpt.tokenizer, calib, samples, seq_len, seed,
-                                eos if isinstance(eos, int) else None,
-                                max_positions=ckpt.config.max_position_embeddings,
-                                hidden_size=ckpt.config.hidden_size, checkpoint=ckpt,
-                                progress=lambda s: err_console.print(terminal_safe(s),
-                                                                     markup=False))
+        data = calibration_of(ckpt, calib, samples, seq_len, seed,
+                              progress=lambda s: err_console.print(terminal_safe(s),
+                                                                   markup=False))
     if weight_only:  # RTN / ternary: from the weights alone
         what = f"quantising {ckpt.path.name}: {recipe.describe()}, no calibration"
 
@@ -255,7 +246,7 @@ def command(
         _after_failure(work, resumable=not weight_only)
         raise
     saved = _save_imatrix(save_imatrix, ckpt, data, force, json_out) if save_imatrix else {}
-    summary = json.loads((folder / "quant_summary.json").read_text())
+    summary = json.loads((folder / SUMMARY_NAME).read_text())
     if not no_kl:
         summary = _measure_quality(ckpt.path, folder, quiet=json_out)
     if json_out:

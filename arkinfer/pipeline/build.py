@@ -241,18 +241,13 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
 
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib.weight_only import quantize_weight_only
-    from arkinfer.quant.calib_data import load_calibration
+    from arkinfer.quant.calib_data import calibration_of
     from arkinfer.quant.export import SUMMARY_NAME, export_folder
 
     c = plan.calib
     if c.needed(plan.recipe):
-        eos = ckpt.config.eos_token_id
-        eos = eos[0] if isinstance(eos, list) and eos else eos
-        data = load_calibration(ckpt.tokenizer, c.path, c.samples, c.seq_len, c.seed,
-                                eos if isinstance(eos, int) else None,
-                                max_positions=ckpt.config.max_position_embeddings,
-                                hidden_size=ckpt.config.hidden_size, checkpoint=ckpt,
-                                progress=rep.step)  # --calib self: the model writes its text
+        data = calibration_of(ckpt, c.path, c.samples, c.seq_len, c.seed,
+                              progress=rep.step)  # --calib self: the model writes its text
         rep.step(f"calibration {data.samples} x {data.seq_len} tokens")
         # A format without g_idx (GGUF blocks, Marlin): GPTQ runs act-order over static groups,
         # the recipe measured best on held-out text (BENCHMARKS.md, "Quantisation quality")

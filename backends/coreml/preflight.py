@@ -16,6 +16,7 @@ from typing import Any
 from arkinfer.backend import Capabilities
 from arkinfer.errors import TargetError
 from arkinfer.lowering.program_ops import check_program_ops, raise_undeclared
+from arkinfer.lowering.recipe_check import check_declared
 
 HINT = ("backends/coreml/program.py CONVERSIONS lists the converted ops; use another backend "
         "for this model (e.g. --backend gguf)")
@@ -23,20 +24,8 @@ HINT = ("backends/coreml/program.py CONVERSIONS lists the converted ops; use ano
 
 def check_recipe(recipe: Any, caps: Capabilities) -> None:
     """Raise TargetError unless the recipe's format, bits and act-order are declared in `caps`."""
-    if recipe is None:
-        return
-    if recipe.format not in caps.formats:
-        raise TargetError(f"quant format {recipe.format!r} has no exact Core ML weight layout; "
-                          f"the coreml backend takes {', '.join(caps.formats)}",
-                          hint="use --quant int4 (gptq), gptq, awq or q4_0")
-    if int(recipe.bits) not in caps.bits:
-        bits = " or ".join(f"{b}-bit" for b in caps.bits)
-        raise TargetError(f"{recipe.format} with {recipe.bits} bits: "
-                          f"constexpr_blockwise_shift_scale holds {bits} codes",
-                          hint="quantise with 4 bits (--quant int4)")
-    if recipe.desc_act and not caps.act_order:
-        raise TargetError("act-order (desc_act=True) weights have no block layout for "
-                          "constexpr_blockwise_shift_scale", hint="use desc_act=False")
+    check_declared(recipe, caps, "coreml", stores="constexpr_blockwise_shift_scale",
+                   hint="use --quant int4 (gptq), gptq, awq or q4_0")
 
 
 def check_ops(raw_config: dict) -> None:

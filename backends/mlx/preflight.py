@@ -19,32 +19,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import torch
-from arkinfer.quant.formats import get_format
-
-from arkinfer import models
 from arkinfer.backend import Capabilities, get_backend
 from arkinfer.errors import TargetError
+from arkinfer.lowering.linears import linear_shapes
+from arkinfer.lowering.recipe_check import check_declared
+from arkinfer.quant.formats import get_format
 
 MODEL_TYPES = ("minicpm", "llama", "mistral", "qwen2", "qwen3")
-
-
-def linear_layers(raw_config: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """Every nn.Linear of the model: name -> (out_features, in_features), from config.json."""
-    config = models.parse_config(raw_config, "config.json")
-    with torch.device("meta"):
-        model = models.build_model(config)
-    return {name: (m.out_features, m.in_features) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear)}
 
 
 def check_recipe(recipe: Any, caps: Capabilities) -> None:
     """Raise TargetError unless MLX affine can hold the recipe's codes (format, bits, group)."""
     mlx = get_format("mlx").constraints
-    if recipe.format not in caps.formats:
-        raise TargetError(f"quant format {recipe.format!r} cannot be stored by the mlx backend "
-                          f"(it stores {', '.join(caps.formats)})",
-                          hint="use --quant mlx4, mlx8, gptq or awq")
+    check_declared(recipe, caps, "mlx", stores="MLX affine",
+                   hint="use --quant mlx4, mlx8, gptq or awq (4 or 8 bits)")
     if recipe.bits not in mlx.bits:
         raise TargetError(f"{recipe.bits}-bit codes have no MLX affine mode (bits {mlx.bits})",
                           hint="quantise with 4 or 8 bits")
@@ -52,16 +40,13 @@ def check_recipe(recipe: Any, caps: Capabilities) -> None:
         raise TargetError(f"group_size={recipe.group_size} is not an MLX affine group size "
                           f"(allowed {mlx.group_sizes})",
                           hint="quantise with a group size of 32, 64 or 128")
-    if recipe.desc_act and not caps.act_order:
-        raise TargetError("GPTQ act-order (desc_act, a permuting g_idx) has no MLX form: MLX "
-                          "groups consecutive input columns", hint="quantise with desc_act=False")
 
 
 def check_shapes(raw_config: dict[str, Any], recipe: Any) -> None:
     """Raise TargetError naming the first linear MLX affine cannot take, and every pattern."""
     fmt = get_format("mlx")
     bad: list[tuple[str, str]] = []
-    for name, (out, inp) in linear_layers(raw_config).items():
+    for name, (out, inp) in linear_shapes(raw_config).items():
         if recipe.skips(name):
             continue
         why = fmt.shape_refusal(out, inp, bits=recipe.bits, group_size=recipe.group_size)
@@ -71,7 +56,7 @@ def check_shapes(raw_config: dict[str, Any], recipe: Any) -> None:
         pattern = sorted({re.sub(r"\.\d+\.", ".*.", layer.split(" ")[0]) for layer, _ in bad})
         ok = [g for g in fmt.constraints.group_sizes
               if all(fmt.shape_refusal(o, i, bits=recipe.bits, group_size=g) is None
-                     for n, (o, i) in linear_layers(raw_config).items() if not recipe.skips(n))]
+                     for n, (o, i) in linear_shapes(raw_config).items() if not recipe.skips(n))]
         raise TargetError(f"mlx affine cannot take layer '{bad[0][0]}': {bad[0][1]} "
                           f"({len(bad)} layers fail: {', '.join(pattern)})",
                           hint=(f"use a group size of {' or '.join(map(str, ok))}" if ok else

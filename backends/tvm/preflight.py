@@ -21,6 +21,7 @@ import torch
 
 from arkinfer.backend import Capabilities
 from arkinfer.errors import TargetError
+from arkinfer.lowering.recipe_check import check_declared
 from arkinfer.quant.formats.tvm_q4 import TVM_Q4
 
 
@@ -28,16 +29,11 @@ def check_recipe(raw_config: dict, recipe: Any, caps: Capabilities) -> None:
     """Raise TargetError naming the first linear the int4 kernel cannot take."""
     if recipe is None:
         return
-    if recipe.format not in caps.formats:
-        raise TargetError(f"--quant {recipe.describe()}: the tvm backend's int4 kernel takes "
-                          f"uniform 4-bit codes stored as {', '.join(caps.formats)}",
-                          hint="use --quant q4_0 (int4) or ort4")
-    if int(recipe.bits) not in caps.bits or recipe.calib == "ternary":
+    check_declared(recipe, caps, "tvm", stores="the int4 kernel's uniform codes",
+                   hint="use --quant q4_0 (int4) or ort4")
+    if recipe.calib == "ternary":
         raise TargetError(f"--quant {recipe.describe()}: the tvm backend's int4 kernel takes "
                           "uniform 4-bit weights", hint="use --quant q4_0 (int4) or ort4")
-    if recipe.desc_act and not caps.act_order:
-        raise TargetError("act-order (desc_act=True) weights are not supported by the tvm "
-                          "int4 kernel (static groups only)", hint="quantise with desc_act=False")
     from arkinfer.lowering.linears import linear_shapes
 
     bad = []

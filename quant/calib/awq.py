@@ -16,7 +16,9 @@ Per decoder block, on the float block's activations:
    take `s`, the kept inputs are divided by `s`;
 4. clipping search for every linear except q/k: per output row and group, max = absmax·(1 - i/n)
    for i < max_shrink·n; keep the one minimising that group's share of the output error;
-5. quantise (rtn.find_params per group, so codes/scales follow §1), asymmetric 4-bit by default.
+5. quantise (rtn.find_params per group, so codes/scales follow §1), asymmetric 4-bit by default;
+6. refit each row's scales to its codes by least squares of the output error on the search
+   sequences (`refit.py`; ArkInfer's addition, `refit=False` turns it off).
 
 The block then runs with its quantised weights to give the next block's inputs (the streaming
 driver does that for every method).
@@ -35,12 +37,16 @@ from ..rtn import Grid, quantize_rtn
 from ..weight import QuantizedWeight
 from .base import BlockCalibrator, BlockResult, CalibContext
 from .block import BlockRunner
+from .refit import refit_scales, refittable
 
 
 @dataclass(frozen=True)
 class AWQConfig:
     """n_grid: α grid points; max_shrink: largest clip fraction searched; search_samples:
-    sequences used by the scale/clip searches; clip_tokens: tokens sampled for the clip search."""
+    sequences used by the scale/clip searches; clip_tokens: tokens sampled for the clip search;
+    refit: the scales refitted to the codes by least squares of the layer's output error on the
+    search sequences (refit.py), so the clipping's shrink of the weights is undone where it costs
+    output error."""
 
     bits: int = 4
     group_size: int = 128
@@ -51,6 +57,7 @@ class AWQConfig:
     search_samples: int = 16
     clip_tokens: int = 512
     grid: Grid = "minmax"
+    refit: bool = True
 
 
 @dataclass(frozen=True)
@@ -257,6 +264,9 @@ class AWQCalibrator(BlockCalibrator):
                     qw = quantize_rtn(w_clip, c.bits, c.group_size, c.sym,
                                       scale_dtype=ctx.scale_dtype, grid=c.grid,
                                       name=runner.full(name))
+                    if c.refit and refittable(qw):
+                        damped = h + 0.01 * h.diagonal().mean() * torch.eye(h.shape[0])
+                        qw, _ = refit_scales(qw, w, damped, ctx.scale_dtype)
                     if self.accept(runner, name, qw, ctx, result, h, original=w):
                         continue
                 if name in scaled:  # kept in float: export the rescaled weight

@@ -106,6 +106,6 @@ def test_no_refit_keeps_gptqs_scales_and_the_same_codes(app, model_with_tokenize
     refit, plain = dequantized_state(tmp_path / "a"), dequantized_state(tmp_path / "b")
     name = "model.layers.0.mlp.down_proj.weight"
     assert not (refit[name] == plain[name]).all()
-    code, out = invoke(app, model_with_tokenizer, "--method", "awq", "--no-refit", "-o",
-                       tmp_path / "c", "--samples", "2", "--seq-len", "16")
-    assert code != 0 and "refit" in out and "awq" in out
+    code, out = invoke(app, model_with_tokenizer, "--method", "rtn", "--no-refit", "-o",
+                       tmp_path / "c")
+    assert code != 0 and "refit" in out and "rtn" in out, out
