@@ -72,7 +72,7 @@ GGUF's does not read it).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -332,6 +332,24 @@ class StepRunner(RunnerBase):
 
     def decode(self, token: int) -> torch.Tensor:
         return self._step([int(token)], last_only=True)[-1]
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int, *, cached: int = 0,
+                    max_positions: int | None = None,
+                    length_hint: str = "reset() the runner or use a shorter prompt") -> None:
+    """Raise ArkError unless `ids` (the token ids one step appends to a KV cache that holds
+    `cached` tokens) is a non-empty run of ids in 0..vocab_size-1 that keeps the cache within
+    `max_positions` tokens (None: no limit). `length_hint` tells the user how to lift that limit
+    (a longer context, a reset); a runtime fed a bad id would index past its embedding table."""
+    if len(ids) == 0:
+        raise ArkError("no tokens to evaluate", hint="give at least one token id")
+    bad = next((int(i) for i in ids if not 0 <= int(i) < vocab_size), None)
+    if bad is not None:
+        raise ArkError(f"token id {bad} is outside the vocabulary 0..{vocab_size - 1}",
+                       hint="tokenize with the artifact's own tokenizer")
+    if max_positions is not None and cached + len(ids) > max_positions:
+        raise ArkError(f"{cached} cached + {len(ids)} new tokens exceed the context of "
+                       f"{max_positions} positions", hint=length_hint)
 
 
 @runtime_checkable

@@ -9,7 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from arkinfer.backend import Backend, BackendBase, backend_names, get_backend
+from arkinfer.backend import (Backend, BackendBase, backend_names, check_token_ids,
+                              get_backend)
 from arkinfer.cli.main import app
 from arkinfer.errors import ArkError, TargetError
 from arkinfer.frontend.demo import demo_model_path
@@ -170,3 +171,18 @@ def test_each_name_means_one_thing():
     assert hasattr(target_model, "DeviceDType") and not hasattr(target_model, "DType")
     assert hasattr(gguf_model, "ImportTensor") and not hasattr(gguf_model, "TensorPlan")
     assert hasattr(gguf_model, "spec_from_gguf") and not hasattr(gguf_model, "arch_spec")
+
+
+def test_one_token_id_check_names_the_bad_input():
+    """Every runner checks a step's ids with `check_token_ids`: the same messages everywhere."""
+    check_token_ids([0, 5, 9], 10, cached=1, max_positions=4)  # fills the context exactly
+    with pytest.raises(ArkError, match="no tokens to evaluate"):
+        check_token_ids([], 10)
+    with pytest.raises(ArkError, match=r"token id 10 is outside the vocabulary 0\.\.9") as err:
+        check_token_ids([1, 10, -1], 10)
+    assert "tokenizer" in err.value.hint
+    with pytest.raises(ArkError, match="token id -1 is outside"):
+        check_token_ids([-1], 10)
+    with pytest.raises(ArkError, match=r"3 cached \+ 2 new tokens exceed the context of 4") as err:
+        check_token_ids([1, 2], 10, cached=3, max_positions=4, length_hint="load a longer one")
+    assert err.value.hint == "load a longer one"

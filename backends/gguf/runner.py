@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arkinfer.backend import RunnerBase
+from arkinfer.backend import RunnerBase, check_token_ids
 from arkinfer.errors import ArkError, NotAvailableError
 
 KV_TYPES = {"f32": 0, "f16": 1}  # ggml type ids
@@ -137,16 +137,12 @@ class LlamaCppRunner(RunnerBase):
         return torch.from_numpy(np.array(self.llm.scores[start:start + len(ids)], dtype=np.float32))
 
     def _eval(self, ids: list[int], every_position: bool = False) -> None:
-        if not ids:
-            raise ArkError("no tokens to evaluate", hint="give at least one token")
+        check_token_ids(ids, self.vocab_size, cached=self.llm.n_tokens, max_positions=self.n_ctx,
+                        length_hint="load the runner with a larger n_ctx, or reset() first")
         if every_position and not self.all_logits and self.llm.n_tokens + len(ids) > 512:
             raise ArkError(f"{len(ids)} tokens need logits of every position, but this runner "
                            "was loaded for timing (all_logits=False, at most 512)",
                            hint="load it with all_logits=True")
-        if self.llm.n_tokens + len(ids) > self.n_ctx:
-            raise ArkError(f"{self.llm.n_tokens} cached + {len(ids)} new tokens exceed the "
-                           f"context of {self.n_ctx} tokens this runner was loaded with",
-                           hint="load the runner with a larger n_ctx, or reset() first")
         # llama-cpp-python marks every position for logits when `_logits_all` is set (needed for
         # window_logits) and only the last one otherwise; it reads the flag on each eval.
         self.llm._logits_all = every_position

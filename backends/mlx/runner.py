@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from arkinfer.backend import StepRunner
-from arkinfer.errors import ArkError, NotAvailableError
+from arkinfer.backend import StepRunner, check_token_ids
+from arkinfer.errors import NotAvailableError
 from arkinfer.frontend.tokenizer import load_tokenizer
 from arkinfer.generate import require_finite
 
@@ -63,12 +63,7 @@ class MlxRunner(StepRunner):
 
     def _step(self, ids: list[int], last_only: bool) -> torch.Tensor:
         mx = self.mx
-        if not ids:
-            raise ArkError("no tokens to evaluate", hint="give at least one token")
-        bad = [i for i in ids if not 0 <= int(i) < self.vocab_size]
-        if bad:
-            raise ArkError(f"token id {bad[0]} is outside the vocabulary 0..{self.vocab_size - 1}",
-                           hint="tokenize with this artifact's tokenizer")
+        check_token_ids(ids, self.vocab_size)
         x = mx.array([ids], dtype=mx.int32)
         logits, self.cache = self.model(x, self.cache, last_only=last_only)
         state = [a for c in self.cache for a in (c.k, c.v) + (

@@ -250,7 +250,7 @@ def _time_remote(session: Any, device: Any, tokens: list[int], kind: str, size: 
     session.reset()
     if context:
         on_step(f"prefill {context} tokens of context")
-        session.prefill(tokens[:context])
+        session.step(tokens[:context])
     step = tokens[context:context + size] if kind == "pp" else tokens[context:context + 1]
     entry = "prefill" if kind == "pp" or "decode" not in session.sig.entries else "decode"
     on_step("send the inputs")

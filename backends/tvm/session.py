@@ -1,10 +1,12 @@
-"""Drive a compiled module: a KV cache held on a TVM device, and prefill / decode steps.
+"""Drive a compiled module: a KV cache held on a TVM device, grown by one `step` per call.
 
     s = TVMSession(executable, tvm.cpu(), params, signature)   # or an RPC session's device
-    s.reset()
-    logits = s.prefill([1, 5, 9])        # numpy float32 [V]: the last token's logits
-    logits = s.decode(42)                # [V]
-    rows = s.window([1, 5, 9])           # [T, V] from an empty cache
+    last = s.step([1, 5, 9])[-1]         # prefill: numpy float32 [V], the last token's logits
+    last = s.step([42])[-1]              # decode (the "decode" entry when the module has one)
+    s.reset(); rows = s.step([1, 5, 9])  # a window: [T, V] from an empty cache
+
+`TVMRunner` wraps it as a `StepRunner` (its `_step` is `step`; StepRunner supplies prefill,
+decode and window_logits); `rpc_bench` drives it directly over TVM RPC, where no Runner exists.
 
 `executable`: a relax VMExecutable (`compile.build(...).host_exec`) or a loaded runtime module
 (`tvm.runtime.load_module(host.so)`, or an RPC session's uploaded module). `params`: name ->
@@ -22,6 +24,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from arkinfer.backend import check_token_ids
 from arkinfer.errors import ArkError
 
 from .lower_relax import Signature
@@ -49,21 +52,10 @@ class TVMSession:
         self.cache = [tvm.runtime.tensor(empty, self.device) for _ in range(2 * c["layers"])]
         self.length = 0
 
-    def _check(self, ids: Sequence[int]) -> None:
-        if not ids:
-            raise ArkError("no tokens to run", hint="pass at least one token id")
-        bad = [i for i in ids if not 0 <= int(i) < self.vocab_size]
-        if bad:
-            raise ArkError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
-                           hint="tokenize with the artifact's own tokenizer")
-        total, c = self.length + len(ids), self.sig.cache
-        if total > c["max_len"]:
-            raise ArkError(f"{total} tokens exceed the model's {c['max_len']} positions",
-                           hint="reset() the session or use a shorter prompt")
-
     def step(self, ids: Sequence[int]) -> np.ndarray:
         """Append `ids` to the cache; float32 logits [len(ids), V]."""
-        self._check(ids)
+        check_token_ids(ids, self.vocab_size, cached=self.length,
+                        max_positions=self.sig.cache["max_len"])
         entry = "decode" if len(ids) == 1 and "decode" in self.sig.entries else "prefill"
         tokens = tvm.runtime.tensor(np.asarray([ids], np.int64), self.device)
         positions = tvm.runtime.tensor(np.arange(self.length, self.length + len(ids),
@@ -76,13 +68,3 @@ class TVMSession:
         self.cache = list(out[1:])
         self.length += len(ids)
         return out[0].numpy()[0]
-
-    def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        return self.step(list(ids))[-1]
-
-    def decode(self, token_id: int) -> np.ndarray:
-        return self.step([int(token_id)])[-1]
-
-    def window(self, ids: Sequence[int]) -> np.ndarray:
-        self.reset()
-        return self.step(list(ids))

@@ -52,11 +52,13 @@ def test_prefill_and_decode_match_the_interpreter(demo_module):
     cache = ir.empty_cache(program)
     ids = torch.tensor([PROMPT])
     ref, cache = ir.step(program, "prefill", ids, torch.arange(len(PROMPT)), cache)
-    got = session.window(PROMPT)
+    session.reset()
+    got = session.step(PROMPT)
     np.testing.assert_allclose(got, ref[0].numpy(), atol=1e-4, rtol=1e-4)
     for pos, tok in enumerate([11, 1234, 3], start=len(PROMPT)):  # decode entry, cache grows
         ref, cache = ir.step(program, "decode", torch.tensor([[tok]]), torch.tensor([pos]), cache)
-        np.testing.assert_allclose(session.decode(tok), ref[0, -1].numpy(), atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(session.step([tok])[-1], ref[0, -1].numpy(),
+                                   atol=1e-4, rtol=1e-4)
     # a second prefill chunk over a non-empty cache (P > 0: the causal mask's offset)
     ref, cache = ir.step(program, "prefill", torch.tensor([[8, 9, 10]]),
                          torch.arange(len(PROMPT) + 3, len(PROMPT) + 6), cache)
@@ -65,8 +67,9 @@ def test_prefill_and_decode_match_the_interpreter(demo_module):
 
 def test_session_refuses_bad_tokens(demo_module):
     session, _ = demo_module
+    session.reset()
     with pytest.raises(Exception, match="outside the vocabulary"):
-        session.window([1, 2048])
+        session.step([1, 2048])
 
 
 @pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
