@@ -18,7 +18,8 @@ Per decoder block, on the float block's activations:
    for i < max_shrink·n; keep the one minimising that group's share of the output error;
 5. quantise (rtn.find_params per group, so codes/scales follow §1), asymmetric 4-bit by default;
 6. refit each row's scales to its codes by least squares of the output error on the search
-   sequences (`refit.py`; ArkInfer's addition, `refit=False` turns it off).
+   sequences (`refit.py`; ArkInfer's addition, on by default: the clipping shrinks the weights,
+   and the refit takes back what that costs in output error; `refit=False` turns it off).
 
 The block then runs with its quantised weights to give the next block's inputs (the streaming
 driver does that for every method).

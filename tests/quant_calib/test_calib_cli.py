@@ -94,18 +94,18 @@ def test_act_order_with_static_groups_into_q4_0(app, model_with_tokenizer, tmp_p
     assert data["bits_per_weight"] == 4.5
 
 
-def test_no_refit_keeps_gptqs_scales_and_the_same_codes(app, model_with_tokenizer, tmp_path):
-    """--no-refit: the codes are GPTQ's either way; only the refitted scales differ."""
+def test_refit_changes_only_the_scales(app, model_with_tokenizer, tmp_path):
+    """--refit: the codes are GPTQ's either way; only the refitted scales differ."""
     from arkinfer.quant.load import dequantized_state
 
     args = ["--method", "gptq", "--group-size", "32", "--format", "gguf-q4_0", "--samples", "4",
             "--seq-len", "32", "--no-kl"]
     assert invoke(app, model_with_tokenizer, *args, "-o", tmp_path / "a")[0] == 0
-    code, out = invoke(app, model_with_tokenizer, *args, "--no-refit", "-o", tmp_path / "b")
+    code, out = invoke(app, model_with_tokenizer, *args, "--refit", "-o", tmp_path / "b")
     assert code == 0, out
     refit, plain = dequantized_state(tmp_path / "a"), dequantized_state(tmp_path / "b")
     name = "model.layers.0.mlp.down_proj.weight"
     assert not (refit[name] == plain[name]).all()
-    code, out = invoke(app, model_with_tokenizer, "--method", "rtn", "--no-refit", "-o",
+    code, out = invoke(app, model_with_tokenizer, "--method", "rtn", "--refit", "-o",
                        tmp_path / "c")
     assert code != 0 and "refit" in out and "rtn" in out, out
