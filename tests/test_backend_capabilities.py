@@ -151,7 +151,7 @@ def test_op_tables_are_what_the_backends_declare(name, module, table):
     """The lowerings that emit from an op table (Core ML's conversions, TVM's Relax emitters)
     take exactly the declared ops: their preflights check the table, build the declaration."""
     if not get_backend(name).available():
-        pytest.skip(get_backend(name).install_hint())
+        pytest.skip(f"{name}: toolchain not installed ({get_backend(name).install_hint()})")
     ops = getattr(importlib.import_module(module), table)
     assert {str(op) for op in ops} == set(caps(name).ops)
 

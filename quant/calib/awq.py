@@ -266,8 +266,7 @@ class AWQCalibrator(BlockCalibrator):
                                       scale_dtype=ctx.scale_dtype, grid=c.grid,
                                       name=runner.full(name))
                     if c.refit and refittable(qw):
-                        damped = h + 0.01 * h.diagonal().mean() * torch.eye(h.shape[0])
-                        qw, _ = refit_scales(qw, w, damped, ctx.scale_dtype)
+                        qw, _ = refit_scales(qw, w, h, ctx.scale_dtype, damp=0.01)
                     if self.accept(runner, name, qw, ctx, result, h, original=w):
                         continue
                 if name in scaled:  # kept in float: export the rescaled weight

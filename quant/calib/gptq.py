@@ -207,10 +207,10 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
                          levels=params.levels,
                          kind=Kind.UNIFORM if params.levels is None else Kind.CODEBOOK)
     if refit and refittable(qw, fmt):
-        h_damped = hessian.detach().double().clone()
-        h_damped.diagonal().copy_(diag_h.double())
-        h_damped.diagonal().add_(damp_used * float(diag_h.double().mean()))
-        qw, _ = refit_scales(qw, w.detach().masked_fill(dead[None, :], 0), h_damped, scale_dtype)
+        h = hessian.detach().float().clone()
+        h.diagonal().copy_(diag_h)  # dead columns: H[i,i] = 1, as in the column loop
+        qw, _ = refit_scales(qw, w.detach().masked_fill(dead[None, :], 0), h, scale_dtype,
+                             damp=damp_used)
     return GPTQResult(qw, damp_used, int(dead.sum()), float(loss))
 
 

@@ -49,15 +49,19 @@ def _base(qw: QuantizedWeight) -> Tensor:
 
 
 def refit_scales(qw: QuantizedWeight, w: Tensor, h: Tensor,
-                 scale_dtype: torch.dtype | None = None) -> tuple[QuantizedWeight, float]:
-    """`qw` with each row's scales replaced by the least-squares ones of `(w - ŵ) h (w - ŵ)ᵀ`
-    (w [out, in] the float weight, h [in, in] the damped Hessian) where that lowers the row's
-    objective after rounding to `scale_dtype`; returns (weight, fraction of rows changed)."""
+                 scale_dtype: torch.dtype | None = None,
+                 damp: float = 0.0) -> tuple[QuantizedWeight, float]:
+    """`qw` with each row's scales replaced by the least-squares ones of `(w - ŵ) H (w - ŵ)ᵀ`
+    (w [out, in] the float weight, H = h + damp · mean(diag h) · I with h [in, in] the Hessian, as
+    GPTQ damps it) where that lowers the row's objective after rounding to `scale_dtype`;
+    returns (weight, fraction of rows changed)."""
     out, cols = w.shape
     size = qw.group_size
     n_groups = cols // size
     order = torch.argsort(qw.g_idx.long(), stable=True) if qw.g_idx is not None else None
     base, w, h = _base(qw), w.float(), h.float()
+    if damp:
+        h = h + damp * h.diagonal().mean() * torch.eye(cols)
     if order is not None:  # act-order groups: their columns made consecutive
         base, w, h = base[:, order], w[:, order], h[order][:, order]
     h_groups = h.reshape(cols, n_groups, size)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from arkinfer.backends.tensorrt.kernels import build
 from arkinfer.quant.formats.marlin import MARLIN
-from arkinfer.quant.weight import QuantizedWeight
+from marlin_weights import random_marlin_weight
 
 pytestmark = pytest.mark.skipif(build.nvcc() is None, reason="nvcc not found")
 
@@ -19,14 +19,6 @@ pytestmark = pytest.mark.skipif(build.nvcc() is None, reason="nvcc not found")
 def test_compiles_for_sm87_and_sm90(source, tmp_path):
     obj = build.compile_objects(source, tmp_path, archs=(87, 90))
     assert obj.stat().st_size > 0
-
-
-def _random_weight(rng, n, k, group_size):
-    groups = 1 if group_size == -1 else k // group_size
-    codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
-    scales = (rng.random((n, groups)) * 0.1 + 0.01).astype(np.float16).astype(np.float32)
-    return QuantizedWeight(codes=codes, scales=scales, zeros=np.full((n, groups), 8, np.int32),
-                           bits=4, group_size=group_size, sym=True)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +33,7 @@ def host_lib(tmp_path_factory):
                                                      (64, 512, 32), (256, 384, 64)])
 def test_kernel_index_math_reads_marlin_bytes(host_lib, n, k, group_size):
     lib = host_lib
-    qw = _random_weight(np.random.default_rng(n + k), n, k, group_size)
+    qw = random_marlin_weight(np.random.default_rng(n + k), n, k, group_size, 0.01, 0.1)
     packed = MARLIN.pack(qw)
     b = np.ascontiguousarray(packed["B"], dtype=np.int32)
     s = np.ascontiguousarray(packed["s"], dtype=np.float16).view(np.uint16)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from arkinfer.backends.tensorrt.kernels import build
 from arkinfer.quant.formats.marlin import MARLIN
-from arkinfer.quant.weight import QuantizedWeight
+from marlin_weights import random_marlin_weight
 
 from arkinfer.ops.infllmv2 import reference
 from arkinfer.ops.infllmv2.common import CompressedKeys
@@ -30,20 +30,12 @@ def kernels():
     return load()
 
 
-def _marlin_weight(rng, n, k, group_size):
-    groups = 1 if group_size == -1 else k // group_size
-    codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
-    scales = (rng.random((n, groups)) * 0.02 + 0.001).astype(np.float16).astype(np.float32)
-    return QuantizedWeight(codes=codes, scales=scales, zeros=np.full((n, groups), 8, np.int32),
-                           bits=4, group_size=group_size, sym=True)
-
-
 @pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize(("n", "k", "group_size"), [(512, 1024, 128), (256, 2048, -1),
                                                      (4096, 4096, 128)])
 def test_marlin_gemm_equals_unpack_times_x(kernels, m, n, k, group_size):
     rng = np.random.default_rng(m * n + k)
-    qw = _marlin_weight(rng, n, k, group_size)
+    qw = random_marlin_weight(rng, n, k, group_size, 0.001, 0.02)
     packed = MARLIN.pack(qw)
     w = MARLIN.unpack(packed, n, k, group_size=group_size).dequantize().numpy()   # [n, k] fp32
     x = rng.standard_normal((m, k)).astype(np.float16)
