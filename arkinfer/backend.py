@@ -60,6 +60,11 @@ A `Runner` (below) serves verify, eval and bench; `RunnerBase` supplies `attenti
 (the runner cannot switch between dense and sparse attention), `fixed_attention = None`,
 `deferred = ()` (every check ran here) and a refusing `set_attention`.
 
+Speculative decoding (`arkinfer.speculative`) needs two more calls, optional: `extend(ids)` ->
+logits [len(ids), V] of every appended position, and `truncate(n)`, which keeps the first n cached
+positions. A runner that has both sets `speculates = True` (`SpeculativeRunner`); `RunnerBase`
+says False and refuses both with the reason, so a runtime without them is named, never guessed.
+
 `LowerRequest.model_dir` is a Hugging Face folder holding the weights to lower: the float source
 checkpoint (`--quant f32/f16/bf16`) or the quantised folder written by `quant.export` in the
 recipe's storage format (gptq / marlin / awq tensors, or ArkInfer's generic layout for the other
@@ -290,12 +295,40 @@ class Runner(Protocol):
         """Switch attention to `mode` (one of `attention_modes`) for the following calls."""
 
 
+@runtime_checkable
+class SpeculativeRunner(Runner, Protocol):
+    """A Runner whose KV cache can be extended with logits of every new position and cut back:
+    what speculative decoding's verify step and its rollback after a rejected draft need."""
+
+    speculates: bool  # True: extend() and truncate() work on this runner
+
+    def extend(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` to the cache; logits float32 [len(ids), V], row i that of ids[i]."""
+
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` cached positions (0 <= n <= cached), drop the rest."""
+
+
 class RunnerBase:
-    """Defaults for runners: no attention switch, nothing deferred."""
+    """Defaults for runners: no attention switch, nothing deferred, no speculation."""
 
     attention_modes: tuple[str, ...] = ()
     fixed_attention: str | None = None
     deferred: tuple[str, ...] = ()
+    speculates: bool = False
+
+    def extend(self, ids: list[int]) -> torch.Tensor:
+        raise self._cannot_speculate("extend")
+
+    def truncate(self, n: int) -> None:
+        raise self._cannot_speculate("truncate")
+
+    def _cannot_speculate(self, call: str) -> NotAvailableError:
+        return NotAvailableError(
+            f"{type(self).__name__} cannot {call} its KV cache, so it cannot run speculative "
+            "decoding (the verify step extends the cache by a draft and truncates it after a "
+            "rejection)", hint="decode without a draft, or use a runtime that speculates "
+                               "(docs/speculative.md lists them)")
 
     def set_attention(self, mode: str) -> None:
         if mode not in self.attention_modes:
@@ -332,6 +365,11 @@ class StepRunner(RunnerBase):
 
     def decode(self, token: int) -> torch.Tensor:
         return self._step([int(token)], last_only=True)[-1]
+
+    def extend(self, ids: list[int]) -> torch.Tensor:
+        """Logits [len(ids), V] of every appended position; speculation also needs the
+        subclass's `truncate` (it then sets `speculates = True`)."""
+        return self._step([int(i) for i in ids], last_only=False)
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, *, cached: int = 0,

@@ -61,6 +61,7 @@ class Row:
     calib: str | None = None  # None: the built-in corpus
     runtime: str = "gguf"  # "gguf": lowered to a GGUF and run by llama.cpp; "torch"
     floor: float | None = None  # mixed precision's Fisher floor (quant.mix.FLOOR) for ablations
+    sensitivity: str | None = None  # quant.mix.SENSITIVITY for this row (None: the default)
 
 
 ACT = {"act_order": True, "static_groups": True}  # act-order with group scales fixed first
@@ -104,6 +105,20 @@ ROWS = {
     "gptq-mix-4.9-floor3": Row("the same with a Fisher floor of 3 (ablation)",
                                dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                                     skip=(), budget=4.9), ACT, floor=3.0),
+    "gptq-mix-4.9-kfac": Row("the same with Kronecker-factored sensitivity (input correlations "
+                             "counted; ablation)",
+                             dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                  skip=(), budget=4.9), ACT, sensitivity="kfac"),
+    "gptq-mix-4.9-kfac-gptq": Row("the same with each type's error GPTQ's, not RTN's (ablation)",
+                                  dict(calib="gptq", format="gguf-q4_0", group_size=32,
+                                       grid="mse", skip=(), budget=4.9), ACT,
+                                  sensitivity="kfac-gptq"),
+    "gptq-g32-mse": Row("GPTQ g32 sym act-order checkpoint (gptq layout; Q4_0's group size)",
+                        dict(calib="gptq", format="gptq", group_size=32, grid="mse",
+                             desc_act=True), runtime="torch"),
+    "pgptq-g32-mse": Row("P-GPTQ g32 sym act-order checkpoint (gptq layout)",
+                         dict(calib="pgptq", format="gptq", group_size=32, grid="mse",
+                              desc_act=True), runtime="torch"),
     "gptq-g64-mse": Row("GPTQ g64 sym act-order checkpoint (gptq layout)",
                         dict(calib="gptq", format="gptq", group_size=64, grid="mse",
                              desc_act=True), runtime="torch"),
@@ -181,12 +196,14 @@ def quantised_folder(name: str, row: Row, hf: Path, samples: int, seq_len: int) 
         from arkinfer.quant import mix
 
         floor, mix.FLOOR = mix.FLOOR, mix.FLOOR if row.floor is None else row.floor
+        sensitivity = mix.SENSITIVITY
+        mix.SENSITIVITY = row.sensitivity or sensitivity
         try:
             run = calibrate(ckpt, recipe, data, work, options=row.options,
                             progress=lambda i, n, s: print(f"   {name}: block {i + 1}/{n} "
                                                            f"{s:.1f} s", flush=True))
         finally:
-            mix.FLOOR = floor
+            mix.FLOOR, mix.SENSITIVITY = floor, sensitivity
     return export_folder(run, out, force=True)
 
 

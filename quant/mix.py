@@ -60,12 +60,11 @@ def _linear_weights(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return out
 
 
-def fisher_diagonal(model: torch.nn.Module, windows: Tensor, *, seed: int = 0,
-                    progress: ProgressFn | None = None) -> dict[str, Tensor]:
-    """Per-token Fisher diagonal {linear name: F float32 [out, in]} (module docstring, step 1)
-    from `windows` [N, T] token ids (one forward + backward each)."""
-    weights = _linear_weights(model)
-    acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in weights.items()}
+def _sampled_label_losses(model: torch.nn.Module, windows: Tensor, trainable: list[Tensor],
+                          seed: int, progress: ProgressFn | None):
+    """Yield, for each window of `windows` [N, T], the summed NLL of labels sampled from the
+    model's own predictions (a scalar with a graph back to `trainable`, the only parameters that
+    require grad meanwhile); grad mode and every parameter's requires_grad are restored after."""
     params = list(model.parameters())
     saved = [p.requires_grad for p in params]
     gen = torch.Generator().manual_seed(seed)
@@ -75,26 +74,125 @@ def fisher_diagonal(model: torch.nn.Module, windows: Tensor, *, seed: int = 0,
         torch.set_grad_enabled(True)  # callers such as calibrate() run under no_grad
         for p in params:
             p.requires_grad_(False)
-        for p in weights.values():
+        for p in trainable:
             p.requires_grad_(True)
         for i in range(n):
-            ids = windows[i:i + 1]
-            logits, _ = model(ids, torch.arange(t), model.empty_cache(1))
+            logits, _ = model(windows[i:i + 1], torch.arange(t), model.empty_cache(1))
             logp = torch.log_softmax(logits[0].float(), dim=-1)
             with torch.no_grad():
                 labels = torch.multinomial(logp.exp(), 1, generator=gen)
-            loss = -logp.gather(1, labels).sum()
-            grads = torch.autograd.grad(loss, list(weights.values()))
-            for name, g in zip(weights, grads):
-                acc[name] += g.float() ** 2
-            del grads, loss, logp, logits
+            yield -logp.gather(1, labels).sum()
+            del logp, logits
             if progress is not None:
                 progress(i + 1, n)
     finally:
         torch.set_grad_enabled(grad_before)
         for p, s in zip(params, saved):
             p.requires_grad_(s)
-    return {name: a / (n * t) for name, a in acc.items()}
+
+
+def fisher_diagonal(model: torch.nn.Module, windows: Tensor, *, seed: int = 0,
+                    progress: ProgressFn | None = None) -> dict[str, Tensor]:
+    """Per-token Fisher diagonal {linear name: F float32 [out, in]} (module docstring, step 1)
+    from `windows` [N, T] token ids (one forward + backward each)."""
+    weights = _linear_weights(model)
+    acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in weights.items()}
+    for loss in _sampled_label_losses(model, windows, list(weights.values()), seed, progress):
+        grads = torch.autograd.grad(loss, list(weights.values()))
+        for name, g in zip(weights, grads):
+            acc[name] += g.float() ** 2
+        del grads
+    return {name: a / windows.numel() for name, a in acc.items()}
+
+
+@dataclass
+class KroneckerFactors:
+    """K-FAC sensitivity of the linears: the Fisher block of a weight matrix approximated as
+    `G ⊗ H` — per output row `G [out]` (mean squared gradient of the layer's output, labels
+    sampled from the model) and the input second moment `H [in, in]` (mean `x x^T`, the matrix
+    GPTQ minimises against), so an error `d [out, in]` costs `1/2 sum_i G_i d_i H d_i^T` nats per
+    token: unlike the diagonal it counts how input channels move together (outlier and
+    correlated channels), which is what GPTQ's error feedback exploits.
+    `embedding [V, D]`: the diagonal Fisher of the token embedding's *input* role when it is tied
+    to the output layer (its output role is `G, H` of `lm_head`)."""
+
+    g: dict[str, Tensor]
+    h: dict[str, Tensor]
+    embedding: Tensor | None = None
+
+
+def kronecker_factors(model: torch.nn.Module, windows: Tensor, *, seed: int = 0,
+                      progress: ProgressFn | None = None) -> KroneckerFactors:
+    """`KroneckerFactors` of every decoder linear and the output layer from `windows` [N, T]
+    (one forward + backward each, labels sampled from the model as in `fisher_diagonal`)."""
+    modules = {name: m for name, m in model.named_modules()
+               if name.startswith("model.layers.") and isinstance(m, torch.nn.Linear)}
+    modules[OUTPUT] = model.lm_head
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    g = {n: torch.zeros(m.out_features, dtype=torch.float64) for n, m in modules.items()}
+    h = {n: torch.zeros(m.in_features, m.in_features, dtype=torch.float64)
+         for n, m in modules.items()}
+    emb = torch.zeros_like(model.lm_head.weight, dtype=torch.float32) if tied else None
+    # x^T x of the last input seen, reused by the linears that read the same tensor (q/k/v,
+    # gate/up); the input is held so its memory cannot be reused by another tensor meanwhile.
+    last: list = [None, None]
+
+    def on_linear(name):
+        def hook(module, inputs, output):
+            x = inputs[0]
+            if last[0] is not x:
+                flat = x.detach().reshape(-1, module.in_features).float()
+                last[:] = [x, (flat.T @ flat).double()]
+            h[name] += last[1]
+
+            def grad_hook(grad):  # returns None: the gradient flows on unchanged
+                g[name] += grad.detach().reshape(-1, module.out_features).double().pow(2).sum(0)
+            output.register_hook(grad_hook)
+        return hook
+
+    def on_embedding(module, inputs, output):
+        ids = inputs[0].reshape(-1)
+
+        def grad_hook(grad):
+            rows = torch.zeros_like(emb).index_add_(0, ids, grad.detach().reshape(len(ids), -1)
+                                                   .float())
+            emb.add_(rows.pow_(2))
+        output.register_hook(grad_hook)
+
+    handles = [m.register_forward_hook(on_linear(n)) for n, m in modules.items()]
+    if tied:
+        handles.append(model.model.embed_tokens.register_forward_hook(on_embedding))
+    embedding = model.model.embed_tokens.weight  # gradients flow from the input on
+    try:
+        for loss in _sampled_label_losses(model, windows, [embedding], seed, progress):
+            torch.autograd.grad(loss, [embedding])
+            last[:] = [None, None]
+    finally:
+        for handle in handles:
+            handle.remove()
+    tokens = windows.numel()
+    return KroneckerFactors({k: (v / tokens).float() for k, v in g.items()},
+                            {k: (v / tokens).float() for k, v in h.items()},
+                            None if emb is None else emb / tokens)
+
+
+def _kfac_cost(factors: KroneckerFactors, name: str, rows: Tensor | None, d: Tensor) -> float:
+    """1/2 sum_i G_i d_i H d_i^T (+ the tied embedding's diagonal term) over the rows `rows` of
+    tensor `name` (all rows when None) with the error `d` of those rows; G floored as the
+    diagonal Fisher is (FLOOR)."""
+    gi = factors.g[name]
+    gi = gi + FLOOR * gi.mean()
+    if rows is not None:
+        gi = gi[rows]
+    quad = ((d.double() @ factors.h[name].double()) * d.double()).sum(1)
+    cost = 0.5 * float((gi.double() * quad).sum())
+    if name == OUTPUT and factors.embedding is not None:
+        f = factors.embedding
+        f = f + FLOOR * f.mean()
+        if rows is not None:
+            f = f[rows]
+        cost += 0.5 * float((f * d ** 2).sum(dtype=torch.float64))
+    return cost
 
 
 @dataclass(frozen=True)
@@ -128,17 +226,25 @@ def _format_shape(format_name: str) -> tuple[int, int, bool]:
     return c.bits[0], (c.group_sizes or (32,))[0], True in c.sym
 
 
-def _rtn_dequant(w: Tensor, format_name: str) -> Tensor | None:
-    """`w` quantised to `format_name` by RTN (mse grid, fp16 scales) and dequantised; None when
-    the format cannot hold this shape."""
+def _rtn_dequant(w: Tensor, format_name: str, hessian: Tensor | None = None) -> Tensor | None:
+    """`w` quantised to `format_name` by RTN (mse grid, fp16 scales) — or, given the input's
+    `hessian` [in, in], by GPTQ act-order over static groups as the recipe then quantises it —
+    and dequantised; None when the format cannot hold this shape."""
     fmt = get_format(format_name)
     c = fmt.constraints
     if w.shape[1] % max(c.in_multiple, 1) or w.shape[0] % max(c.out_multiple, 1):
         return None
     bits, group, sym = _format_shape(format_name)
     try:
-        qw = quantize_rtn(w, bits, group, sym, scale_dtype=torch.float16, grid="mse",
-                          fmt=fmt)
+        if hessian is None:
+            qw = quantize_rtn(w, bits, group, sym, scale_dtype=torch.float16, grid="mse",
+                              fmt=fmt)
+        else:
+            from .calib.gptq import gptq_quantize
+
+            qw = gptq_quantize(w, hessian, bits=bits, group_size=group, sym=sym,
+                               act_order=True, static_groups=True, grid="mse",
+                               scale_dtype=torch.float16, fmt=fmt).weight
         fmt.check(qw)
     except (FormatError, QuantError):
         return None
@@ -159,10 +265,12 @@ def stored_bits(format_name: str, shape: tuple[int, int]) -> float:
 FLOOR = 1.0
 
 
-def format_costs(model: torch.nn.Module, fisher: dict[str, Tensor],
+def format_costs(model: torch.nn.Module, fisher: dict[str, Tensor] | KroneckerFactors,
                  candidates: Iterable[str] = CANDIDATES,
-                 progress: ProgressFn | None = None) -> list[TensorCost]:
-    """Every tensor's options (module docstring, step 2); unregistered candidates are skipped."""
+                 progress: ProgressFn | None = None, *, gptq: bool = False) -> list[TensorCost]:
+    """Every tensor's options (module docstring, step 2) under a diagonal Fisher or
+    `KroneckerFactors`; unregistered candidates are skipped. `gptq` (K-FAC only): each format's
+    error is GPTQ's under the factors' H instead of RTN's."""
     names = [c for c in candidates if _registered(c)]
     if not names:
         raise QuantError(f"none of the candidate formats {list(candidates)} is registered",
@@ -171,18 +279,26 @@ def format_costs(model: torch.nn.Module, fisher: dict[str, Tensor],
     out = []
     gen = torch.Generator().manual_seed(0)
     for i, (name, p) in enumerate(weights.items()):
-        w, f = p.detach().float(), fisher[name]
-        f = f + FLOOR * f.mean()
+        w = p.detach().float()
         cost = TensorCost(name, w.numel())
-        rows = w.shape[0]
+        rows, pick = w.shape[0], None
         if rows > COST_ROWS:
             pick = torch.randperm(rows, generator=gen)[:COST_ROWS].sort().values
-            w, f = w[pick], f[pick]
+            w = w[pick]
+        if not isinstance(fisher, KroneckerFactors):
+            f = fisher[name]
+            f = f + FLOOR * f.mean()
+            f = f if pick is None else f[pick]
+        hessian = fisher.h[name] if isinstance(fisher, KroneckerFactors) and gptq else None
         for fmt in names:
-            deq = _rtn_dequant(w, fmt)
+            deq = _rtn_dequant(w, fmt, hessian)
             if deq is None:
                 continue
-            kl = 0.5 * float((f * (w - deq) ** 2).sum(dtype=torch.float64)) * rows / w.shape[0]
+            if isinstance(fisher, KroneckerFactors):
+                kl = _kfac_cost(fisher, name, pick, w - deq)
+            else:
+                kl = 0.5 * float((f * (w - deq) ** 2).sum(dtype=torch.float64))
+            kl *= rows / w.shape[0]
             cost.options.append(Option(fmt, stored_bits(fmt, tuple(p.shape)), kl))
         if not cost.options:
             raise QuantError(f"{name} {tuple(w.shape)} fits none of the formats {names}",
@@ -275,16 +391,27 @@ def allocate(costs: list[TensorCost], budget: float) -> MixPlan:
     return MixPlan(formats, round(used / total, 4), kl, budget)
 
 
+#: How a tensor's sensitivity is measured: "diagonal" (`fisher_diagonal`, RTN errors), "kfac"
+#: (`kronecker_factors`: input channels' correlations counted, RTN errors) or "kfac-gptq" (the
+#: same factors, each format's error GPTQ's under the float model's H, as the recipe quantises).
+SENSITIVITIES = ("diagonal", "kfac", "kfac-gptq")
+SENSITIVITY = "diagonal"
+
+
 def plan_mix(model: torch.nn.Module, windows: Tensor, budget: float, *,
              candidates: Iterable[str] = CANDIDATES, seed: int = 0,
              log: Callable[[str], None] | None = None) -> MixPlan:
     """Fisher diagonal on `windows`, format costs, allocation under `budget` (all three steps)."""
     t0 = time.perf_counter()
-    fisher = fisher_diagonal(model, windows, seed=seed)
+    if SENSITIVITY not in SENSITIVITIES:
+        raise QuantError(f"unknown sensitivity {SENSITIVITY!r}", f"use one of {SENSITIVITIES}")
+    kfac = SENSITIVITY.startswith("kfac")
+    kind = "Kronecker-factored Fisher" if kfac else "Fisher diagonal"
+    fisher = (kronecker_factors if kfac else fisher_diagonal)(model, windows, seed=seed)
     if log:
-        log(f"sensitivity (Fisher diagonal, {windows.shape[0]} windows of {windows.shape[1]} "
+        log(f"sensitivity ({kind}, {windows.shape[0]} windows of {windows.shape[1]} "
             f"tokens): {time.perf_counter() - t0:.1f} s")
-    costs = format_costs(model, fisher, candidates)
+    costs = format_costs(model, fisher, candidates, gptq=SENSITIVITY == "kfac-gptq")
     del fisher
     plan = allocate(costs, budget)
     if log:

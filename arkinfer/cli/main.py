@@ -21,8 +21,8 @@ try:  # typer >= 0.20 (pinned in constraints.txt) vendors click as typer._click
 except ImportError:  # older typer runs on click itself
     from click import exceptions as click_exceptions
 
-VERBS = ["targets", "inspect", "run", "eval", "import_", "quantize", "build", "verify", "bench",
-         "matrix", "plan", "doctor"]
+VERBS = ["targets", "inspect", "run", "serve", "eval", "import_", "quantize", "build", "verify",
+         "bench", "matrix", "plan", "doctor"]
 
 
 class ArkGroup(TyperGroup):

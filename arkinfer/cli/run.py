@@ -8,60 +8,112 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from arkinfer.chat.context import check_context
+from arkinfer.chat.text_stream import TextStream
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import DenseOpt, InfLLMv2Impl, ModelArg, SparseImplOpt, seed_in_range
+from arkinfer.cli._options import DenseOpt, InfLLMv2Impl, SparseImplOpt, seed_in_range
 from arkinfer.cli._output import err_console, terminal_safe
 from arkinfer.errors import ArkError
 
-HELP = ("Generate a reply with the reference model. The prompt goes through the model's chat "
-        "template (ChatML for MiniCPM4.1, reasoning on by default); tokens stream as they come. "
-        "Special-token text typed in the prompt or --system (e.g. <|im_end|>) is plain text, "
-        "not a special token, unless --raw-special is given; the template's own special tokens "
-        "always work. The prompt plus -n must fit the model's context "
-        "(max_position_embeddings).")
+HELP = ("Generate a reply with a model or a built artifact. A model folder, a .gguf file or "
+        "'demo' runs on the reference model; an artifact folder (with arkinfer.json, from "
+        "`arkinfer build`) runs on its own runtime (llama.cpp, onnxruntime, MLX, ...) with its "
+        "own tokenizer and chat template; stderr names the runtime. The prompt goes through the "
+        "chat template (ChatML for MiniCPM4.1, reasoning on by default); tokens stream as they "
+        "come. Special-token text typed in the prompt or --system (e.g. <|im_end|>) is plain "
+        "text, not a special token, unless --raw-special is given; the template's own special "
+        "tokens always work. The prompt plus -n must fit the context (max_position_embeddings, "
+        "and an artifact's runtime cache).")
 EXAMPLES = [
     'arkinfer run demo -p "What is the capital of France?"',
+    'arkinfer run dist/demo.host.q4_0 -p "What is bread made from?"',
     'arkinfer run ./smollm2-hf -p "Name three colours." -n 64 --temperature 0',
     'arkinfer run ./MiniCPM4.1-8B -p "Prove that 2+2=4" --no-think',
     'arkinfer run demo -p "The kettle" --raw -n 20',
+    'arkinfer run dist/demo.host.q4_0 -p "Repeat: the cat sat on the mat." --draft lookup',
 ]
 
 
-
-def check_context(prompt_tokens: int, max_tokens: int, context: int) -> None:
-    """Raise ArkError unless the prompt and the tokens to generate fit the model's context
-    (`max_position_embeddings`), before any forward call: a longer run would be wrong and slow."""
-    if prompt_tokens + max_tokens <= context:
-        return
-    room = context - prompt_tokens
-    raise ArkError(f"the prompt is {prompt_tokens} tokens and -n asks for {max_tokens} more: "
-                   f"{prompt_tokens + max_tokens} > the model's context of {context} tokens "
-                   "(max_position_embeddings in config.json)",
-                   hint=f"lower -n to {room} or less" if room >= 1 else
-                   f"shorten the prompt to under {context} tokens (and lower -n to fit)")
-
-
 class _Streamer:
-    """Decodes the growing id list and prints only the new text (holds back partial UTF-8)."""
+    """Prints the new text of each token as it comes (holds back partial UTF-8)."""
 
     def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.ids, self.shown = tokenizer, [], ""
+        self.text = TextStream(tokenizer)
 
     def push(self, token: int) -> None:
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
         # The vocabulary comes from the model folder: control characters (ESC ...) it decodes to
         # are shown as escapes; newlines and tabs are the reply's own.
-        sys.stdout.write(terminal_safe(text[len(self.shown):], keep="\n\t"))
+        piece = self.text.push(token)
+        if piece:
+            sys.stdout.write(terminal_safe(piece, keep="\n\t"))
+            sys.stdout.flush()
+
+
+def _prompt_ids(tok, prompt: str, system: str | None, raw: bool, raw_special: bool,
+                no_think: bool) -> list[int]:
+    if raw:
+        return tok.encode(prompt, parse_special=raw_special)
+    messages = ([{"role": "system", "content": system}] if system else []) + \
+        [{"role": "user", "content": prompt}]
+    return tok.encode_chat(messages, enable_thinking=False if no_think else None,
+                           special_in_content=raw_special)
+
+
+def _stream(tokens, tok) -> None:
+    streamer = _Streamer(tok)
+    try:
+        for token in tokens:
+            streamer.push(token)
+    finally:  # also before an error in a decode step, which then starts its own line
+        sys.stdout.write("\n")
         sys.stdout.flush()
-        self.shown = text
+
+
+def _speculative(model, ids: list[int], settings, draft_spec: str, k: int):
+    """Tokens of a speculative generation with the draft `draft_spec` (docs/speculative.md),
+    then one stderr line: accepted length per verify step and the draft's acceptance."""
+    from arkinfer.speculative import SpecStats, parse_draft, speculative_generate
+
+    draft = parse_draft(draft_spec, model.runner)
+    stats = SpecStats()
+    yield from speculative_generate(model.runner, draft, ids, settings.max_tokens, k=k,
+                                    temperature=settings.temperature, top_p=settings.top_p,
+                                    seed=settings.seed, stop_ids=frozenset(model.stop_ids),
+                                    stats=stats)
+    err_console.print(f"[dim]speculative ({escape(draft_spec)}, k={k}): {stats.steps} verify "
+                      f"steps, mean accepted length {stats.mean_accepted_length:.2f}, "
+                      f"{stats.accepted}/{stats.drafted} draft tokens accepted[/]", markup=True)
+
+
+def _run_artifact(path: str, ids_of, settings, dense: bool, infllmv2: InfLLMv2Impl,
+                  draft: str | None = None, draft_k: int = 4) -> None:
+    """Generate with the artifact at `path` on its own runtime (speculatively with `draft`)."""
+    from arkinfer.chat.generation import generate_tokens
+    from arkinfer.chat.model import open_chat_model
+
+    if infllmv2 is not InfLLMv2Impl.fast:
+        raise ArkError("--infllmv2 picks the reference model's InfLLM v2 implementation; an "
+                       "artifact runs the attention its runtime was built with",
+                       hint="drop --infllmv2, or run the model folder instead of the artifact")
+    model = open_chat_model(path, dense=dense)
+    ids = ids_of(model.tokenizer)
+    check_context(len(ids), settings.max_tokens, model.context,
+                  limit="the artifact's context of {context} tokens, set by "
+                  + model.context_source)
+    err_console.print(f"[dim]{escape(terminal_safe(model.name))} · {len(ids)} prompt tokens · "
+                      f"{escape(terminal_safe(model.runtime))} runtime (artifact)[/]", markup=True)
+    if draft is not None:
+        _stream(_speculative(model, ids, settings, draft, draft_k), model.tokenizer)
+        return
+    _stream(generate_tokens(model.runner, ids, settings, model.stop_ids,
+                            where=f"the {model.runtime} runtime of {path}"), model.tokenizer)
 
 
 @handle_errors
 def command(
-    model: ModelArg = "demo",
+    model: Annotated[str, typer.Argument(help="A built artifact folder (with arkinfer.json), "
+                                         "a Hugging Face model folder, a .gguf file or 'demo' "
+                                         "(the embedded demo model, the default).")] = "demo",
     prompt: Annotated[str, typer.Option("-p", "--prompt", help="The user message.")] = "Hello!",
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy (>= 0). MiniCPM4.1 recommends 0.6.")] = 0.0,
@@ -76,34 +128,43 @@ def command(
                                       callback=seed_in_range)] = 0,
     dense: DenseOpt = False,
     infllmv2: SparseImplOpt = InfLLMv2Impl.fast,
+    draft: Annotated[str | None, typer.Option(
+        "--draft", help="Speculative decoding on an artifact's runtime: 'lookup' (prompt "
+        "lookup, no extra model) or the folder of a draft model's artifact with the same "
+        "tokenizer. Greedy output is identical to plain decoding.")] = None,
+    draft_k: Annotated[int, typer.Option("--draft-k", min=1, max=16,
+                                         help="Draft tokens per verify step.")] = 4,
 ) -> None:
-    from arkinfer.frontend.checkpoint import load
+    from arkinfer.chat.generation import GenerationSettings
     from arkinfer.frontend.tokenizer import require_unicode
     from arkinfer.generate import check_sampling, generate
+    from arkinfer.pipeline.artifact import is_artifact
 
     check_sampling(temperature, top_p)  # before loading a model for minutes
     for flag, text in (("-p/--prompt", prompt), ("--system", system or "")):
         require_unicode(text, flag)  # before loading the model
+
+    def ids_of(tok) -> list[int]:
+        return _prompt_ids(tok, prompt, system, raw, raw_special, no_think)
+
+    if is_artifact(model):
+        _run_artifact(model, ids_of, GenerationSettings(max_tokens, temperature, top_p, seed),
+                      dense, infllmv2, draft, draft_k)
+        return
+    if draft is not None:
+        raise ArkError(f"--draft {draft!r} speculates on an artifact's runtime; {model!r} is "
+                       "not an artifact folder", hint="build one first (arkinfer build MODEL "
+                       "--target host) and run the artifact folder with --draft")
+    from arkinfer.frontend.checkpoint import load
+
     ckpt, net = load(model, dense=dense, sparse_impl=infllmv2.value)
     tok = ckpt.tokenizer
     if tok is None:
         raise ArkError(f"{ckpt.path} has no tokenizer.json", hint="run needs a tokenizer; "
                        "use a full Hugging Face folder or 'arkinfer import' a GGUF")
-    if raw:
-        ids = tok.encode(prompt, parse_special=raw_special)
-    else:
-        messages = ([{"role": "system", "content": system}] if system else []) + \
-            [{"role": "user", "content": prompt}]
-        ids = tok.encode_chat(messages, enable_thinking=False if no_think else None,
-                              special_in_content=raw_special)
+    ids = ids_of(tok)
     check_context(len(ids), max_tokens, ckpt.config.max_position_embeddings)
     err_console.print(f"[dim]{escape(terminal_safe(ckpt.config.model_type))} · {len(ids)} "
-                      "prompt tokens[/]", markup=True)
-    streamer = _Streamer(tok)
-    try:
-        for token in generate(net, ids, max_tokens, temperature, top_p, seed, tok.stop_ids,
-                              where=f"the model {ckpt.path}"):
-            streamer.push(token)
-    finally:  # also before an error in a decode step, which then starts its own line
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+                      "prompt tokens · reference model[/]", markup=True)
+    _stream(generate(net, ids, max_tokens, temperature, top_p, seed, tok.stop_ids,
+                     where=f"the model {ckpt.path}"), tok)

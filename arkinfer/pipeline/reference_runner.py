@@ -4,6 +4,7 @@ dequantised by the format's numpy unpack) run eagerly on this CPU with a functio
     runner = ReferenceRunner(artifact / "model")
     logits = runner.window_logits(ids)       # [T, V] float32 from an empty cache
     runner.reset(); last = runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
+    rows = runner.extend(draft); runner.truncate(n)   # speculative decoding's verify / rollback
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from pathlib import Path
 import torch
 
 from arkinfer.backend import RunnerBase
+from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
 from arkinfer.generate import forward_checked
+from arkinfer.models.minicpm import SparseLayerCache, carried_state
 
 
 class ReferenceRunner(RunnerBase):
@@ -23,6 +26,7 @@ class ReferenceRunner(RunnerBase):
     verify compares every backend's runner with, and the `reference` backend's runner."""
 
     attention_modes = ("dense", "sparse")
+    speculates = True
 
     def __init__(self, model_dir: str | Path, dense: bool = False) -> None:
         self.ckpt = open_checkpoint(model_dir)
@@ -66,3 +70,21 @@ class ReferenceRunner(RunnerBase):
 
     def decode(self, token: int) -> torch.Tensor:
         return self._step([token])[-1]
+
+    def extend(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` as one forward call; logits [len(ids), V] of each of them."""
+        return self._step(ids)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` cached positions: every layer's k, v [B, Hkv, S, D] cut to S = n.
+        InfLLM v2's compressed keys stay when they cover at most n keys (they describe only
+        those), else they are dropped and the layer recompresses on its next call."""
+        if not 0 <= n <= self._pos:
+            raise ArkError(f"cannot truncate the cache to {n} positions: it holds {self._pos}",
+                           hint=f"pass 0..{self._pos}")
+        cut = []
+        for layer in self._cache:
+            k, v = layer[0][:, :, :n], layer[1][:, :, :n]
+            state = carried_state(SparseLayerCache(k, v, getattr(layer, "infllm", None)))
+            cut.append(SparseLayerCache(k, v, state) if state is not None else (k, v))
+        self._cache, self._pos = cut, n

@@ -7,10 +7,13 @@ Logits come back as float32 tensors ([T, V] or [V]) like the reference model's.
     runner = LlamaCppRunner("artifact/model.gguf", n_ctx=2048)
     logits = runner.window_logits(ids)              # [T, V] from an empty KV cache
     runner.reset(); last = runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
+    rows = runner.extend(draft); runner.truncate(n)   # speculative decoding's verify / rollback
 
 The KV cache holds at most `n_ctx` tokens. `window_logits` asks llama.cpp for the logits of every
 position (an n_ctx x vocab float32 buffer); `prefill` / `decode` ask for the last position only,
 so their timing is llama.cpp's own (no lm_head over the whole prompt, no copy of its logits).
+`extend` asks for the logits of the positions it appends only and reads them from the context's
+output buffer, so it works on timing runners (all_logits=False) too.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class LlamaCppRunner(RunnerBase):
 
     # Upstream llama.cpp ignores arkinfer.sparse.*: MiniCPM4 runs dense attention at every length.
     fixed_attention = "dense"
+    speculates = True
 
     def __init__(self, gguf_path: str | Path, n_ctx: int = 512, n_threads: int | None = None,
                  vocab_only: bool = False, kv_type: str = "f16", all_logits: bool = True,
@@ -94,7 +98,8 @@ class LlamaCppRunner(RunnerBase):
         self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_batch,
                                    n_ubatch=n_batch,
                                    logits_all=all_logits, vocab_only=vocab_only, verbose=False,
-                                   n_threads=n_threads, type_k=KV_TYPES[kv_type],
+                                   n_threads=n_threads, n_threads_batch=n_threads,
+                                   type_k=KV_TYPES[kv_type],
                                    type_v=KV_TYPES[kv_type], flash_attn=flash_attn)
         self.vocab_size = int(self.llm.n_vocab())
         quiet_llama_logs(llama_cpp)
@@ -135,6 +140,38 @@ class LlamaCppRunner(RunnerBase):
         start = self.llm.n_tokens
         self._eval(ids, every_position=True)
         return torch.from_numpy(np.array(self.llm.scores[start:start + len(ids)], dtype=np.float32))
+
+    def extend(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` (at most n_batch: one llama_decode call) with the logits of each
+        position marked in the batch; logits [len(ids), V] float32, copied out of llama.cpp's
+        output buffer (llama-cpp-python's `scores` has only n_batch rows on a timing runner)."""
+        llm = self.llm
+        if len(ids) > llm.n_batch:
+            raise ArkError(f"{len(ids)} tokens do not fit one batch of {llm.n_batch}",
+                           hint="draft fewer tokens, or load the runner with a larger n_batch")
+        check_token_ids(ids, self.vocab_size, cached=llm.n_tokens, max_positions=self.n_ctx,
+                        length_hint="load the runner with a larger n_ctx, or reset() first")
+        start = llm.n_tokens
+        # What Llama.eval does for one batch, with every position's logits requested.
+        llm._ctx.kv_cache_seq_rm(-1, start, -1)
+        llm._batch.set_batch(batch=list(ids), n_past=start, logits_all=True)
+        llm._ctx.decode(llm._batch)
+        llm.input_ids[start:start + len(ids)] = ids
+        llm.n_tokens = start + len(ids)
+        rows = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(ids), self.vocab_size))
+        return torch.from_numpy(np.array(rows, dtype=np.float32))
+
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` cached positions: llama.cpp removes the cells n.. of every
+        sequence now, and the token count (where the next eval writes) goes back to n."""
+        if not 0 <= n <= self.llm.n_tokens:
+            raise ArkError(f"cannot truncate the cache to {n} positions: it holds "
+                           f"{self.llm.n_tokens}", hint=f"pass 0..{self.llm.n_tokens}")
+        if not self.llm._ctx.kv_cache_seq_rm(-1, n, -1):
+            raise NotAvailableError(f"llama.cpp cannot remove cache cells {n}.. of {self.path.name}"
+                                    " (a recurrent or sliding-window cache keeps no positions)",
+                                    hint="decode without a draft")
+        self.llm.n_tokens = n
 
     def _eval(self, ids: list[int], every_position: bool = False) -> None:
         check_token_ids(ids, self.vocab_size, cached=self.llm.n_tokens, max_positions=self.n_ctx,

@@ -5,6 +5,7 @@
     logits = runner.window_logits(ids)                # [T, V] float32 from an empty cache
     runner.reset(); runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
     runner.set_attention("dense")                     # MiniCPM with sparse_config: dense / sparse
+    rows = runner.extend(draft); runner.truncate(n)   # speculative decoding's verify / rollback
 
 The KV cache (with the InfLLM v2 compressed keys) is a value the runner holds between calls:
 each call hands the model the cache and keeps the one it returns. `prefill` and `decode` run
@@ -14,6 +15,7 @@ returns, so timings measure the work.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from arkinfer.backend import StepRunner, check_token_ids
-from arkinfer.errors import NotAvailableError
+from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.frontend.tokenizer import load_tokenizer
 from arkinfer.generate import require_finite
 
@@ -39,6 +41,8 @@ def _mlx():
 
 class MlxRunner(StepRunner):
     """ArkInfer's MLX runtime over one artifact folder in mlx-lm's layout."""
+
+    speculates = True
 
     def __init__(self, artifact_dir: str | Path) -> None:
         self.mx = _mlx()
@@ -60,6 +64,17 @@ class MlxRunner(StepRunner):
 
     def reset(self) -> None:
         self.cache = self.model.empty_cache(1)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` cached positions: each LayerCache's `length` goes back to n (the
+        rows past it are overwritten by the next append); InfLLM v2's compressed keys stay when
+        they cover at most n keys, else they are dropped and recomputed on the next sparse call."""
+        held = self.cache[0].length
+        if not 0 <= n <= held:
+            raise ArkError(f"cannot truncate the cache to {n} positions: it holds {held}",
+                           hint=f"pass 0..{held}")
+        self.cache = [replace(c, length=n, infllm=c.infllm if c.infllm is None or
+                              c.infllm.length <= n else None) for c in self.cache]
 
     def _step(self, ids: list[int], last_only: bool) -> torch.Tensor:
         mx = self.mx

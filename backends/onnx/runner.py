@@ -5,6 +5,7 @@
     runner = OnnxRunner(artifact_dir)                  # ops="contrib": onnxruntime's fused ops
     logits = runner.window_logits(ids)                 # [T, V] float32 from an empty cache
     runner.reset(); runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
+    rows = runner.extend(draft); runner.truncate(n)    # speculative decoding (not InfLLM v2 graphs)
 
 ops="function" runs every arkinfer-domain node through its ONNX function body (what any ONNX
 runtime does); ops="contrib" first swaps the quantised linears for com.microsoft.MatMulNBits
@@ -27,7 +28,7 @@ import onnxruntime as ort
 import torch
 
 from arkinfer.backend import StepRunner
-from arkinfer.errors import NotAvailableError
+from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.frontend.tokenizer import load_tokenizer
 
 from .fn_fused import ROTARY_GQA
@@ -80,6 +81,9 @@ class OnnxRunner(StepRunner):
             self.replaced = 0
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self.past = [i for i in self.session.get_inputs() if i.name.startswith("past.")]
+        # InfLLM v2 graphs carry compressed-key caches (past.{i}.fine / .coarse) that cannot be
+        # cut back by slicing: only graphs whose caches are all plain K/V truncate.
+        self.speculates = all(i.name.endswith((".k", ".v")) for i in self.past)
         self.outputs = [o.name for o in self.session.get_outputs()]
         logits = self.session.get_outputs()[0]
         self.vocab_size = int(logits.shape[-1])
@@ -96,6 +100,19 @@ class OnnxRunner(StepRunner):
         for i in self.past:
             shape = [0 if isinstance(d, str) or d is None else int(d) for d in i.shape]
             self.cache[i.name] = np.zeros(shape, np.float32)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` cached positions: past.{i}.k / .v [1, Hkv, P, D] sliced to P = n;
+        with the shared buffers only the position goes back (GQA reads rows 0..pos-1)."""
+        if not self.speculates:
+            raise self._cannot_speculate("truncate")
+        if not 0 <= n <= self.pos:
+            raise ArkError(f"cannot truncate the cache to {n} positions: it holds {self.pos}",
+                           hint=f"pass 0..{self.pos}")
+        if self.shared_kv is None:
+            self.cache = {name: np.ascontiguousarray(value[:, :, :n])
+                          for name, value in self.cache.items()}
+        self.pos = n
 
     def decode(self, token: int) -> torch.Tensor:
         """logits [V] of one new token; with the shared KV buffers a step is one bound run whose

@@ -16,7 +16,8 @@ from arkinfer.quant import QuantRecipe, get_preset
 from arkinfer.quant.calib.stream import calibrate
 from arkinfer.quant.calib_data import calibration_from_ids
 from arkinfer.quant.export import export_folder
-from arkinfer.quant.mix import Option, TensorCost, allocate, fisher_diagonal, format_costs
+from arkinfer.quant.mix import (Option, TensorCost, allocate, fisher_diagonal, format_costs,
+                                kronecker_factors)
 from arkinfer.quant.weight import QuantError
 
 
@@ -34,6 +35,16 @@ def _model(seed: int = 0) -> torch.nn.Module:
 def _logprobs(model, ids):
     logits, _ = model(ids, torch.arange(ids.shape[1]), model.empty_cache(1))
     return torch.log_softmax(logits[0].double(), dim=-1)
+
+
+def _measured_kl(model, ids, w, delta) -> float:
+    """Mean KL(model || model with w + delta) per token over the windows `ids` [N, T]."""
+    with torch.no_grad():
+        ref = [_logprobs(model, ids[i:i + 1]) for i in range(len(ids))]
+        w += delta
+        out = [_logprobs(model, ids[i:i + 1]) for i in range(len(ids))]
+        w -= delta
+    return sum(float((r.exp() * (r - o)).sum()) for r, o in zip(ref, out)) / ids.numel()
 
 
 def test_fisher_diagonal_equals_the_expected_squared_score_per_token():
@@ -65,12 +76,71 @@ def test_predicted_kl_matches_the_measured_kl_of_a_small_perturbation():
     w = dict(model.named_modules())[name].weight
     delta = 0.02 * torch.randn(w.shape, generator=torch.Generator().manual_seed(6))
     predicted = 0.5 * float((fisher[name] * delta ** 2).sum())
+    measured = _measured_kl(model, ids, w, delta)
+    assert measured > 0
+    assert 0.6 < predicted / measured < 1.6, (predicted, measured)
+
+
+def test_kronecker_factors_of_one_token_equal_the_fisher_diagonal():
+    """With one window of one token the weight gradient is exactly g x^T, so diag(G ⊗ H) must be
+    the Fisher diagonal computed by autograd on the weights (same sampled label)."""
+    model = _model(4)
+    ids = torch.tensor([[17]])
+    factors = kronecker_factors(model, ids, seed=9)
+    fisher = fisher_diagonal(model, ids, seed=9)
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"):
+        kfac = factors.g[name][:, None] * torch.diagonal(factors.h[name])[None, :]
+        torch.testing.assert_close(kfac, fisher[name], rtol=1e-4, atol=1e-9)
+    # tied output layer: every row but the input token's carries only the output role
+    rows = torch.arange(256) != 17
+    kfac = factors.g["lm_head"][:, None] * torch.diagonal(factors.h["lm_head"])[None, :]
+    torch.testing.assert_close(kfac[rows], fisher["lm_head"][rows], rtol=1e-4, atol=1e-9)
+
+
+def test_kronecker_input_factor_is_the_mean_input_second_moment():
+    """H of every linear equals mean x x^T of its inputs, captured here by plain forward hooks
+    (q/k/v and gate/up share one input: the factors compute it once)."""
+    model = _model(5)
+    ids = torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(2))
+    factors = kronecker_factors(model, ids)
+    seen: dict[str, torch.Tensor] = {}
+
+    def capture(name):
+        def hook(module, inputs, output):
+            x = inputs[0].reshape(-1, module.in_features).double()
+            seen[name] = seen.get(name, 0) + x.T @ x
+        return hook
+    handles = [m.register_forward_hook(capture(n)) for n, m in model.named_modules()
+               if n in factors.h or (n == "lm_head")]
     with torch.no_grad():
-        ref = [_logprobs(model, ids[i:i + 1]) for i in range(64)]
-        w += delta
-        out = [_logprobs(model, ids[i:i + 1]) for i in range(64)]
-        w -= delta
-    measured = sum(float((r.exp() * (r - o)).sum()) for r, o in zip(ref, out)) / (64 * 16)
+        for i in range(3):
+            _logprobs(model, ids[i:i + 1])
+    for handle in handles:
+        handle.remove()
+    assert set(seen) == set(factors.h)
+    for name, gram in seen.items():
+        torch.testing.assert_close(factors.h[name].double(), gram / ids.numel(), rtol=1e-5,
+                                   atol=1e-6)
+
+
+@pytest.mark.parametrize("rank_one", [False, True])
+def test_kronecker_predicted_kl_matches_the_measured_kl(rank_one):
+    """The K-FAC quadratic form predicts the KL a perturbation causes, also one whose error is
+    correlated across input channels (rank one), where a diagonal is blind to the correlation."""
+    model = _model(2)
+    ids = torch.randint(0, 256, (64, 16), generator=torch.Generator().manual_seed(4))
+    factors = kronecker_factors(model, ids, seed=5)
+    name = "model.layers.0.self_attn.v_proj"
+    w = dict(model.named_modules())[name].weight
+    gen = torch.Generator().manual_seed(6)
+    if rank_one:
+        delta = 0.1 * torch.outer(torch.randn(w.shape[0], generator=gen),
+                                  torch.randn(w.shape[1], generator=gen)) / w.shape[1] ** 0.5
+    else:
+        delta = 0.02 * torch.randn(w.shape, generator=gen)
+    quad = ((delta.double() @ factors.h[name].double()) * delta.double()).sum(1)
+    predicted = 0.5 * float((factors.g[name].double() * quad).sum())
+    measured = _measured_kl(model, ids, w, delta)
     assert measured > 0
     assert 0.6 < predicted / measured < 1.6, (predicted, measured)
 
@@ -104,10 +174,11 @@ def test_allocation_meets_the_budget_and_is_near_the_brute_force_optimum():
         allocate(costs, 4.4)
 
 
-def test_format_costs_order_formats_by_bits_and_error():
+@pytest.mark.parametrize("sensitivity", [fisher_diagonal, kronecker_factors])
+def test_format_costs_order_formats_by_bits_and_error(sensitivity):
     model = _model(3)
     ids = torch.randint(0, 256, (8, 16), generator=torch.Generator().manual_seed(7))
-    costs = {c.name: c for c in format_costs(model, fisher_diagonal(model, ids),
+    costs = {c.name: c for c in format_costs(model, sensitivity(model, ids),
                                              ("gguf-q4_0", "gguf-q5_0", "gguf-q8_0"))}
     assert "lm_head" in costs and len(costs) == 2 * 7 + 1
     for c in costs.values():

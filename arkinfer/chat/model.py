@@ -1,0 +1,103 @@
+"""`ChatModel`: a runner with what a chat needs (tokenizer, chat template, stop ids, context).
+
+    model = open_chat_model("dist/demo.host.q4_0")   # an artifact: its own runtime
+    model = open_chat_model("demo")                   # a model folder: the reference model
+    ids = model.encode_chat([{"role": "user", "content": "Hi"}], enable_thinking=False)
+    ids = model.encode_text("The kettle")
+
+An artifact is opened with `load_runner` (its file hashes checked first); a model folder, a .gguf
+file or "demo" runs on ArkInfer's PyTorch reference model (`ReferenceRunner`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arkinfer.errors import TokenizerError
+from arkinfer.frontend.tokenizer import Message, TextTokenizer, require_unicode
+
+from .context import artifact_context
+
+
+@dataclass
+class ChatModel:
+    """name: the id served as the model (the artifact's name, or the folder's); runtime: the
+    backend that runs it ("gguf", "reference", ...); context: positions a prompt plus its reply
+    may use, and `context_source` what sets that limit; tokenizer_source: where the tokenizer
+    came from."""
+
+    name: str
+    runtime: str
+    runner: Any  # arkinfer.backend.Runner
+    tokenizer: TextTokenizer
+    context: int
+    context_source: str
+    tokenizer_source: str
+    # TextTokenizer.encode flips the tokenizer's encode_special_tokens flag for the call: one
+    # encode at a time, or two requests' flags would mix.
+    _encode_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return frozenset(self.tokenizer.stop_ids)
+
+    def encode_chat(self, messages: list[Message], enable_thinking: bool | None = None,
+                    special_in_content: bool = False) -> list[int]:
+        """Prompt ids of `messages` through the chat template, ready for the assistant's turn.
+        Special-token text in a message (a typed `<|im_end|>`) stays plain text unless
+        `special_in_content`."""
+        for i, message in enumerate(messages):
+            require_unicode(message.get("content", ""), f"message {i}'s content")
+        with self._encode_lock:
+            return self.tokenizer.encode_chat(messages, enable_thinking=enable_thinking,
+                                              special_in_content=special_in_content)
+
+    def encode_text(self, text: str, parse_special: bool = False) -> list[int]:
+        """Prompt ids of plain `text` (BOS added when the tokenizer adds one), no chat template."""
+        require_unicode(text, "the prompt")
+        with self._encode_lock:
+            return self.tokenizer.encode(text, parse_special=parse_special)
+
+
+def open_chat_model(target: str | Path, *, dense: bool = False) -> ChatModel:
+    """The artifact folder `target` (it holds arkinfer.json) on its own runtime, else the model
+    folder, .gguf file or "demo" `target` on the reference model. `dense`: dense attention on
+    InfLLM v2 models (NotAvailableError from a runtime that cannot switch)."""
+    from arkinfer.pipeline.artifact import is_artifact
+
+    if is_artifact(target):
+        return _open_artifact(Path(target), dense)
+    return _open_model(str(target), dense)
+
+
+def _open_artifact(path: Path, dense: bool) -> ChatModel:
+    from arkinfer.pipeline.artifact import load_runner
+
+    from .tokenizer import artifact_tokenizer
+
+    manifest, runner = load_runner(path)
+    if dense:
+        runner.set_attention("dense")
+    tokenizer, tokenizer_source = artifact_tokenizer(path, manifest, runner.vocab_size)
+    context, context_source = artifact_context(path, manifest, runner)
+    return ChatModel(str(manifest.get("name") or path.name), manifest["backend"]["name"], runner,
+                     tokenizer, context, context_source, tokenizer_source)
+
+
+def _open_model(target: str, dense: bool) -> ChatModel:
+    from arkinfer.pipeline.reference_runner import ReferenceRunner
+
+    runner = ReferenceRunner(target, dense=dense)
+    ckpt = runner.ckpt
+    if ckpt.tokenizer is None:
+        raise TokenizerError(f"{ckpt.path} has no tokenizer.json",
+                             hint="chat needs a tokenizer; use a full Hugging Face folder or "
+                             "'arkinfer import' a GGUF")
+    name = "demo" if target == "demo" else Path(ckpt.path).name
+    return ChatModel(name, "reference", runner, ckpt.tokenizer,
+                     int(ckpt.config.max_position_embeddings),
+                     f"max_position_embeddings in {Path(ckpt.path) / 'config.json'}",
+                     f"{Path(ckpt.path) / 'tokenizer.json'}")

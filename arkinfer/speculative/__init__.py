@@ -1,0 +1,21 @@
+"""Speculative decoding over artifact runners: a draft proposes k tokens, the target scores them
+in one `extend` call and keeps the longest prefix its own decoding agrees with (docs/speculative.md).
+
+    from arkinfer.speculative import parse_draft, speculative_generate, SpecStats
+    draft = parse_draft("lookup", target)                 # or an artifact folder (a draft model)
+    stats = SpecStats()
+    ids = list(speculative_generate(target, draft, prompt_ids, 64, k=4, stats=stats))
+
+Greedy output equals `plain_generate`'s token for token; sampled output has its distribution.
+"""
+
+from arkinfer.speculative.draft import Draft, Proposal
+from arkinfer.speculative.engine import speculative_generate
+from arkinfer.speculative.lookup import LookupDraft
+from arkinfer.speculative.model_draft import ModelDraft
+from arkinfer.speculative.parse import parse_draft
+from arkinfer.speculative.plain import plain_generate
+from arkinfer.speculative.stats import SpecStats
+
+__all__ = ["Draft", "LookupDraft", "ModelDraft", "Proposal", "SpecStats", "parse_draft",
+           "plain_generate", "speculative_generate"]

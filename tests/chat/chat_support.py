@@ -1,0 +1,14 @@
+"""Constants the chat and server tests share (a module of its own: test folders have no
+`__init__.py`, so `conftest` is not importable by name across them)."""
+
+from __future__ import annotations
+
+import pytest
+
+# (backend, --quant) of each demo artifact: the cheapest build each runtime takes (gguf's q4_0 is
+# RTN, no calibration; the reference keeps the float weights; onnx and mlx take their 4-bit preset
+# on a short calibration, as tests/backends/e2e does).
+BUILDS = {"gguf": "q4_0", "reference": "f32", "onnx": "int4", "mlx": "int4"}
+QUESTION = [{"role": "user", "content": "What is bread made from?"}]
+#: BUILDS' backends as test parameters, llama.cpp's marked like the other tests that need it.
+RUNTIMES = [pytest.param(b, marks=pytest.mark.llamacpp) if b == "gguf" else b for b in BUILDS]
