@@ -5,13 +5,17 @@ dequantised by the format's numpy unpack) run eagerly on this CPU with a functio
     logits = runner.window_logits(ids)       # [T, V] float32 from an empty cache
     runner.reset(); last = runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
     rows = runner.extend(draft); runner.truncate(n)   # speculative decoding's verify / rollback
+    draft = runner.first_layers(2)           # the first 2 layers + norm + LM head, weights shared
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from arkinfer.backend import RunnerBase
 from arkinfer.errors import ArkError
@@ -35,6 +39,25 @@ class ReferenceRunner(RunnerBase):
         self.vocab_size = int(self.ckpt.config.vocab_size)
         self.set_attention("dense" if dense else "sparse")
         self.reset()
+
+    @property
+    def layer_count(self) -> int:
+        """Decoder layers of the model this runner runs."""
+        return len(self.model.model.layers)
+
+    def first_layers(self, n: int) -> ReferenceRunner:
+        """A runner over this model's first `n` decoder layers, its final norm and its LM head
+        (LayerSkip-style early exit: speculative decoding's `self:N` draft), with its own KV
+        cache. Every weight and layer module is shared with this runner, not copied, so
+        `set_attention` on either applies to the layers both run."""
+        if not 1 <= n < self.layer_count:
+            raise ArkError(f"first_layers({n}): the model of {self.ckpt.path} has "
+                           f"{self.layer_count} layers; take 1..{self.layer_count - 1}",
+                           hint=f"e.g. first_layers({max(1, self.layer_count // 2)})")
+        draft = copy.copy(self)
+        draft.model = early_exit_model(self.model, n)
+        draft.reset()
+        return draft
 
     def set_attention(self, mode: str) -> None:
         """"dense" or "sparse" (InfLLM v2 above dense_len; a no-op on dense-only models)."""
@@ -88,3 +111,20 @@ class ReferenceRunner(RunnerBase):
             state = carried_state(SparseLayerCache(k, v, getattr(layer, "infllm", None)))
             cut.append(SparseLayerCache(k, v, state) if state is not None else (k, v))
         self._cache, self._pos = cut, n
+
+
+def early_exit_model(model: nn.Module, n: int) -> nn.Module:
+    """A shallow copy of the reference model `model` (LlamaForCausalLM or a subclass) whose
+    backbone runs only `model.model.layers[:n]`; the embedding, the layers, the final norm and the
+    LM head are the same modules (no weight is copied). Its config says num_hidden_layers = n,
+    so `empty_cache` makes n layer caches; each layer keeps the residual scale it was built
+    with (MiniCPM's scale_depth / sqrt(L) of the full model), as an early exit must."""
+    backbone = copy.copy(model.model)
+    # copy.copy shares the module's child table: give the copy its own before replacing layers
+    backbone._modules = dict(model.model._modules)
+    backbone.layers = nn.ModuleList(list(model.model.layers)[:n])
+    clone = copy.copy(model)
+    clone._modules = dict(model._modules)
+    clone.model = backbone
+    clone.config = dataclasses.replace(model.config, num_hidden_layers=n)
+    return clone

@@ -6,7 +6,7 @@ import pytest
 import torch
 from spec_toy import BigramRunner
 
-from arkinfer.errors import ArkError, NotAvailableError
+from arkinfer.errors import ArkError
 from arkinfer.speculative import LookupDraft, ModelDraft, parse_draft
 
 
@@ -18,7 +18,7 @@ def test_lookup_and_an_artifact_folder(gguf_pair, demo_gguf):
 
 
 @pytest.mark.parametrize("spec,error,message", [
-    ("self:2", NotAvailableError, "not implemented yet"),
+    ("self:9", ArkError, r"must be 1\.\.3"),
     ("self:x", ArkError, "number of layers"),
     ("no/such/folder", ArkError, "is not a draft: use 'lookup'"),
 ])
