@@ -372,6 +372,17 @@ class StepRunner(RunnerBase):
         return self._step([int(i) for i in ids], last_only=False)
 
 
+def runner_context(runner, raw_config: dict[str, Any] | None) -> int | None:
+    """The most tokens a bench may put in `runner`'s cache: the cache size the runner was loaded
+    with where it has one (llama.cpp's `n_ctx`, onnxruntime's `max_positions`), never more than
+    the source model's `max_position_embeddings` (`raw_config`, when the source is on this
+    machine); None when neither is known."""
+    sizes = [getattr(runner, "n_ctx", None), getattr(runner, "max_positions", None),
+             (raw_config or {}).get("max_position_embeddings")]
+    sizes = [s for s in sizes if isinstance(s, int) and not isinstance(s, bool) and s > 0]
+    return min(sizes) if sizes else None
+
+
 def check_token_ids(ids: Sequence[int], vocab_size: int, *, cached: int = 0,
                     max_positions: int | None = None,
                     length_hint: str = "reset() the runner or use a shorter prompt") -> None:

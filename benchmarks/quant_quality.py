@@ -62,6 +62,7 @@ class Row:
     runtime: str = "gguf"  # "gguf": lowered to a GGUF and run by llama.cpp; "torch"
     floor: float | None = None  # mixed precision's Fisher floor (quant.mix.FLOOR) for ablations
     sensitivity: str | None = None  # quant.mix.SENSITIVITY for this row (None: the default)
+    fisher_windows: int | None = None  # quant.mix.FISHER_WINDOWS for this row (None: default)
 
 
 ACT = {"act_order": True, "static_groups": True}  # act-order with group scales fixed first
@@ -92,27 +93,36 @@ ROWS = {
     "gptq-iq4_nl-refit": Row("GPTQ IQ4_NL with its scales refitted to the codes (--refit; ablation)",
                              dict(calib="gptq", format="gguf-iq4_nl", group_size=32,
                                   grid="mse"), {**ACT, "refit": True}),
-    "gptq-mix-4.9": Row("GPTQ act-order, GGUF types per tensor by measured sensitivity, <= 4.9 "
-                        "bits (preset gptq-mix)",
+    "gptq-mix-4.9": Row("GPTQ act-order, GGUF types per tensor by measured sensitivity "
+                        "(Kronecker-factored Fisher, GPTQ's errors), <= 4.9 bits (preset gptq-mix)",
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                              skip=(), budget=4.9), ACT),
+    "gptq-mix-4.9-diagonal": Row("the same with the Fisher diagonal and RTN's errors (the "
+                                 "sensitivity before; ablation)",
+                                 dict(calib="gptq", format="gguf-q4_0", group_size=32,
+                                      grid="mse", skip=(), budget=4.9), ACT,
+                                 sensitivity="diagonal"),
     "gptq-mix-5.5": Row("the same at <= 5.5 bits (--budget 5.5)",
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                              skip=(), budget=5.5), ACT),
-    "gptq-mix-4.9-nofloor": Row("the same without the Fisher floor (FLOOR = 0; ablation)",
+    "gptq-mix-4.9-nofloor": Row("the Fisher diagonal without its floor (FLOOR = 0; ablation)",
                                 dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
-                                     skip=(), budget=4.9), ACT, floor=0.0),
-    "gptq-mix-4.9-floor3": Row("the same with a Fisher floor of 3 (ablation)",
+                                     skip=(), budget=4.9), ACT, floor=0.0,
+                                sensitivity="diagonal"),
+    "gptq-mix-4.9-floor3": Row("the Fisher diagonal with a floor of 3 (ablation)",
                                dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
-                                    skip=(), budget=4.9), ACT, floor=3.0),
-    "gptq-mix-4.9-kfac": Row("the same with Kronecker-factored sensitivity (input correlations "
-                             "counted; ablation)",
+                                    skip=(), budget=4.9), ACT, floor=3.0,
+                               sensitivity="diagonal"),
+    "gptq-mix-4.9-kfac": Row("Kronecker-factored sensitivity with RTN's errors instead of "
+                             "GPTQ's (ablation)",
                              dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                                   skip=(), budget=4.9), ACT, sensitivity="kfac"),
-    "gptq-mix-4.9-kfac-gptq": Row("the same with each type's error GPTQ's, not RTN's (ablation)",
-                                  dict(calib="gptq", format="gguf-q4_0", group_size=32,
-                                       grid="mse", skip=(), budget=4.9), ACT,
-                                  sensitivity="kfac-gptq"),
+    "gptq-mix-4.9-w32": Row("the same with 32 sensitivity windows instead of 16 (ablation)",
+                            dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                 skip=(), budget=4.9), ACT, fisher_windows=32),
+    "gptq-mix-4.9-kfloor3": Row("the same with a floor of 3 (ablation)",
+                                dict(calib="gptq", format="gguf-q4_0", group_size=32,
+                                     grid="mse", skip=(), budget=4.9), ACT, floor=3.0),
     "gptq-g32-mse": Row("GPTQ g32 sym act-order checkpoint (gptq layout; Q4_0's group size)",
                         dict(calib="gptq", format="gptq", group_size=32, grid="mse",
                              desc_act=True), runtime="torch"),
@@ -196,14 +206,15 @@ def quantised_folder(name: str, row: Row, hf: Path, samples: int, seq_len: int) 
         from arkinfer.quant import mix
 
         floor, mix.FLOOR = mix.FLOOR, mix.FLOOR if row.floor is None else row.floor
-        sensitivity = mix.SENSITIVITY
+        sensitivity, fisher_windows = mix.SENSITIVITY, mix.FISHER_WINDOWS
         mix.SENSITIVITY = row.sensitivity or sensitivity
+        mix.FISHER_WINDOWS = row.fisher_windows or fisher_windows
         try:
             run = calibrate(ckpt, recipe, data, work, options=row.options,
                             progress=lambda i, n, s: print(f"   {name}: block {i + 1}/{n} "
                                                            f"{s:.1f} s", flush=True))
         finally:
-            mix.FLOOR, mix.SENSITIVITY = floor, sensitivity
+            mix.FLOOR, mix.SENSITIVITY, mix.FISHER_WINDOWS = floor, sensitivity, fisher_windows
     return export_folder(run, out, force=True)
 
 

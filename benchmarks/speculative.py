@@ -22,9 +22,9 @@ import torch
 from machine import machine_info
 
 from arkinfer.pipeline.artifact import load_runner
+from arkinfer.pipeline.draft import parse_draft
 from arkinfer.speculative import (
     SpecStats,
-    parse_draft,
     plain_generate,
     speculative_generate,
 )

@@ -1,29 +1,31 @@
 """Mixed precision: which linears get more bits, measured on the model, under a bit budget.
 
-    fisher = fisher_diagonal(model, calib.ids[:32, :128])          # {weight name: F [out, in]}
-    costs = format_costs(model, fisher, CANDIDATES)                  # per tensor, per format
-    plan = allocate(costs, budget=4.9)                               # {linear: format}
-    recipe = replace(base_recipe, skip=(), layers=plan.layers())     # QuantRecipe.layers
+    factors = kronecker_factors(model, calib.ids[:16, :512])     # per linear: G [out], H [in, in]
+    costs = format_costs(model, factors, CANDIDATES, gptq=True)  # per tensor, per format
+    plan = allocate(costs, budget=4.9)                           # {linear: format}
+    recipe = replace(base_recipe, skip=(), layers=plan.layers())  # QuantRecipe.layers
 
-1. Sensitivity. `fisher_diagonal` estimates the diagonal of the Fisher information of the model's
-   own predictive distribution, `F_i = E_x E_{y ~ p(.|x)} (d log p(y|x) / d w_i)^2`, per weight of
-   every decoder linear and of the output layer (the embedding when tied), from calibration
-   windows with labels *sampled from the model* (so it measures how far the predictions move,
-   not how well the calibration text is predicted). To second order the KL divergence a weight
-   perturbation `d` causes is `KL(p || p_d) ~ 1/2 sum_i F_i d_i^2` per token. Each window's
-   gradient sums T tokens whose sampled-label gradients have mean zero, so `E[g^2] / T` is the
-   per-token diagonal.
-2. Cost of a format for a tensor: that formula with `d = W - RTN_format(W)` (ArkInfer's RTN on
-   the format's grid, fp16 scales), and its stored bits per weight (`Format.nbytes`). Formats a
-   tensor's shape cannot use (K-quant super-blocks need rows of 256) are left out for it.
+1. Sensitivity: the Fisher information of the model's own predictive distribution,
+   `F = E_x E_{y ~ p(.|x)} g g^T`, `g = d log p(y|x) / d w`, from calibration windows with labels
+   *sampled from the model* (so it measures how far the predictions move, not how well the
+   calibration text is predicted). To second order the KL divergence a weight perturbation `d`
+   causes is `1/2 d^T F d` per token. `kronecker_factors` (the default) takes each linear's block
+   as `G ⊗ H`: `G` the mean squared gradient of the linear's output per row, `H` the mean input
+   `x x^T` (input channels' correlations counted); `fisher_diagonal` (the ablation) keeps only
+   the per-weight diagonal. Each window's gradient sums T tokens whose sampled-label gradients
+   have mean zero, so per-window second moments over T are per-token ones.
+2. Cost of a format for a tensor: that quadratic form with `d = W - Q_format(W)` and the format's
+   stored bits per weight (`Format.nbytes`); `Q` is GPTQ under the float model's `H` (the
+   default, `SENSITIVITY = "kfac-gptq"`: GPTQ lowers different tensors' errors by different
+   factors) or ArkInfer's RTN (mse grid, fp16 scales). Formats a tensor's shape cannot use
+   (K-quant super-blocks need rows of 256) are left out for it.
 3. `allocate`: every tensor starts in its cheapest format; then, greedily, the upgrade with the
    largest predicted KL reduction per added bit is taken while the mean bits per weight of all
    linears plus the output layer stays within the budget (a convex-hull knapsack; each tensor's
    candidates that are not on its lower convex hull of (bits, KL) are never chosen).
 
-GPTQ then quantises each linear in its format; it lowers every tensor's error below RTN's by a
-broadly similar factor, so the ranking RTN predicts is the one GPTQ keeps (benchmarks/
-quant_quality.py measures the result). Memory: the Fisher needs one float32 gradient per
+GPTQ then quantises each linear in its format (benchmarks/quant_quality.py measures the result).
+Memory: `H` per distinct linear input (float64) and, for the diagonal, one float32 gradient per
 weight (the model again, 0.5 GB for a 135M model); models beyond RAM are not handled here.
 """
 
@@ -395,7 +397,9 @@ def allocate(costs: list[TensorCost], budget: float) -> MixPlan:
 #: (`kronecker_factors`: input channels' correlations counted, RTN errors) or "kfac-gptq" (the
 #: same factors, each format's error GPTQ's under the float model's H, as the recipe quantises).
 SENSITIVITIES = ("diagonal", "kfac", "kfac-gptq")
-SENSITIVITY = "diagonal"
+#: Chosen on the development texts: KL -2 to -10 % against "diagonal" on every one, Portuguese
+#: (the language the calibration lacks) the most (BENCHMARKS.md, quant_quality_dev.json).
+SENSITIVITY = "kfac-gptq"
 
 
 def plan_mix(model: torch.nn.Module, windows: Tensor, budget: float, *,

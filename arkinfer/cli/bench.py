@@ -24,7 +24,11 @@ HELP = ("Measure an artifact on this machine the way llama-bench does: prompt pr
         "measured/predicted. Output as a markdown table, JSON or CSV with llama-bench's field "
         "names (n_prompt, n_gen, n_depth, avg_ts, stddev_ts, samples_ts, ...) plus ArkInfer's "
         "(test, attention, ttft_ms, peak_rss_bytes, predicted_ts, measured_over_predicted, "
-        "huge_page_malloc).")
+        "huge_page_malloc). --speculative adds a spec-tg<n> row per -n: greedy decoding of a "
+        "repetitive task (editing a given text) plainly and with a draft (--draft, prompt lookup "
+        "by default), interleaved: tokens/s of both, the speed-up, mean accepted length per "
+        "verify step, acceptance rate, seconds in draft and in verify; the two must give the same "
+        "tokens (an error names the first differing position).")
 EXAMPLES = [
     "arkinfer bench dist/demo.host.q4_0",
     "arkinfer bench dist/demo.host.q4_0 -p 128,512 -n 64 -d 0,1024,2048 -r 3 --plot bench.png",
@@ -32,7 +36,13 @@ EXAMPLES = [
     "arkinfer bench dist/smollm2.rpi5.q4_0 --format csv --threads 2",
     "arkinfer bench dist/demo.android-sd8gen3.q4_0 --rpc 192.168.1.7:9090 -p 64 -n 32",
     "arkinfer bench dist/demo.android-sd8gen3.q4_0 --rpc tracker.lan:9190 --key android",
+    "arkinfer bench dist/smollm2.host.q4_0 -p 0 -n 128 --speculative",
+    "arkinfer bench dist/smollm2-360m.host.q4_0 --speculative --draft dist/smollm2.host.q4_0",
+    "arkinfer bench dist/demo.host.q4_0 -p 0 -n 64 --speculative --draft-k 6 --json",
 ]
+
+
+DRAFT_K = 4  # --draft-k's default, as `arkinfer run`'s
 
 
 class OutFormat(StrEnum):
@@ -94,11 +104,22 @@ def command(
     rpc_timeout: Annotated[float | None, typer.Option(
         "--rpc-timeout", help="With --rpc: seconds each remote step (connect, upload, each timed "
         "call) may take before bench gives up (default 60).")] = None,
+    speculative: Annotated[bool, typer.Option(
+        "--speculative", help="Add rows for greedy speculative decoding against plain decoding "
+        "of the same artifact (runtimes that speculate: gguf, mlx, reference, dense onnx).")
+    ] = False,
+    draft: Annotated[str | None, typer.Option(
+        "--draft", help="With --speculative: the draft, in any form `arkinfer run --draft` "
+        "takes: 'lookup' (prompt lookup, the default) or the folder of a draft model's artifact "
+        "with the same tokenizer.")] = None,
+    draft_k: Annotated[int | None, typer.Option(
+        "--draft-k", min=1, max=16, help="With --speculative: draft tokens per verify step "
+        "(default 4).")] = None,
     old_output: Annotated[OutFormat | None, typer.Option("-o", "--output", hidden=True)] = None,
     old_threads: Annotated[int | None, typer.Option("-t", hidden=True)] = None,
 ) -> None:
     from arkinfer.errors import ArkError
-    from arkinfer.pipeline.bench import BenchSpec
+    from arkinfer.pipeline.bench import BenchSpec, speculative_gens
     from arkinfer.plot_file import check_plot_path
 
     if old_output is not None:  # -o is the output folder in every other command
@@ -121,9 +142,27 @@ def command(
                        "torch's default")
     if plot is not None:
         check_plot_path(plot)
-    from arkinfer.frontend.checkpoint import read_config  # (these import torch: after the checks)
+    if not speculative and (draft is not None or draft_k is not None):
+        raise ArkError("--draft and --draft-k choose the draft of --speculative's rows",
+                       hint="add --speculative, e.g. --speculative --draft lookup --draft-k 4")
+    if speculative and rpc is not None:
+        raise ArkError("--speculative times decoding on this machine; --rpc times a remote device",
+                       hint="drop --speculative, or bench without --rpc")
+    if speculative:
+        speculative_gens(spec)
+    from arkinfer.backend import runner_context
+    from arkinfer.frontend.checkpoint import (
+        read_config,  # (these import torch: after the checks)
+    )
     from arkinfer.pipeline.artifact import load_runner
-    from arkinfer.pipeline.bench import host_predictor, run_bench, runner_context, write_plot
+    from arkinfer.pipeline.bench import (
+        host_predictor,
+        run_bench,
+        run_speculative_bench,
+        speculative_prompt,
+        write_plot,
+    )
+    from arkinfer.pipeline.draft import parse_draft
 
     if threads is not None:
         import torch
@@ -143,11 +182,20 @@ def command(
                                "the demo)")
             source = Path(manifest["source"]["path"])
             raw = read_config(source) if (source / "config.json").is_file() else None
+            context = runner_context(runner, raw)
+
+            def progress(message: str) -> None:
+                status.update(Text(terminal_safe(f"bench: {message}")))
+
+            if speculative:  # every refusal before anything is timed
+                prompt = speculative_prompt(runner, manifest, spec, context)
+                drafter = parse_draft(draft or "lookup", runner)
             predictor = host_predictor(manifest, raw) if raw else None
-            rows = run_bench(
-                runner, manifest, spec, predictor=predictor,
-                progress=lambda m: status.update(Text(terminal_safe(f"bench: {m}"))),
-                context=runner_context(runner, raw))
+            rows = run_bench(runner, manifest, spec, predictor=predictor, progress=progress,
+                             context=context)
+            if speculative:
+                rows += run_speculative_bench(runner, manifest, spec, drafter,
+                                              draft_k or DRAFT_K, prompt, progress=progress)
     if plot is not None:
         written = write_plot(rows, plot, f"{manifest['name']} on {rows[0]['cpu_info']}")
         err_console.print(terminal_safe(f"plot written to {written}"))
@@ -184,9 +232,11 @@ def _remote_rows(artifact: Path, rpc: str | None, key: str | None, spec,
 
 
 def _csv(rows: list[dict]) -> str:
-    """CSV with llama-bench's fields; text fields (manifest name, cpu_info) `terminal_safe`."""
+    """CSV with llama-bench's fields; text fields (manifest name, cpu_info) `terminal_safe`.
+    The columns are every row's fields, in order of appearance (`spec-tg` rows add theirs, left
+    empty in the other rows)."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
     writer.writeheader()
     for r in rows:
         writer.writerow({k: json.dumps(v) if isinstance(v, list) else
@@ -201,25 +251,50 @@ def markdown_table(rows: list[dict]) -> str:
 
     head = ["model", "size", "backend", "threads", "attention", "test", "t/s", "TTFT ms",
             "predicted t/s", "measured/predicted", "peak RSS MiB"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    cells = []
     for r in rows:
         test = r["test"] + (f" @ d{r['n_depth']}" if r["n_depth"] else "")
-        cells = [r["model_filename"], f"{r['model_size'] / 2**20:.2f} MiB", r["backends"],
-                 str(r["n_threads"] or "-"), r["attention"], test,
-                 f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}", f(r["ttft_ms"], ".1f"),
-                 f(r["predicted_ts"]), f(r["measured_over_predicted"]),
-                 f(r["peak_rss_bytes"] and r["peak_rss_bytes"] / 2**20, ".0f")]
-        # Cells hold manifest text: shown terminal_safe, and a `|` cannot add a column.
+        cells.append([r["model_filename"], f"{r['model_size'] / 2**20:.2f} MiB", r["backends"],
+                      str(r["n_threads"] or "-"), r["attention"], test,
+                      f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}", f(r["ttft_ms"], ".1f"),
+                      f(r["predicted_ts"]), f(r["measured_over_predicted"]),
+                      f(r["peak_rss_bytes"] and r["peak_rss_bytes"] / 2**20, ".0f")])
+    return _pipe_table(head, cells)
+
+
+def _pipe_table(head: list[str], rows: list[list[str]]) -> str:
+    """A markdown pipe table. Cells hold manifest text (the model's name, a draft folder's):
+    shown terminal_safe, and a `|` cannot add a column."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for cells in rows:
         lines.append("| " + " | ".join(terminal_safe(c).replace("|", "\\|") for c in cells)
                      + " |")
     return "\n".join(lines) + "\n"
 
 
+def speculative_table(rows: list[dict]) -> str:
+    """The `spec-tg<n>` rows' own columns (pipeline/bench.py's SPEC_FIELDS) as a pipe table."""
+    head = ["attention", "test", "draft", "k", "plain t/s", "speculative t/s", "speed-up",
+            "accepted length", "acceptance", "draft s", "verify s", "greedy identical"]
+    return _pipe_table(head, [
+        [r["attention"], f"{r['test']} @ d{r['n_depth']}", r["draft"], str(r["draft_k"]),
+         f"{r['plain_ts']:.2f}", f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
+         f"{r['speedup']:.2f}x", f"{r['mean_accepted_length']:.2f}",
+         f"{r['acceptance_rate']:.1%}", f"{r['draft_s']:.4f}", f"{r['verify_s']:.4f}",
+         "yes" if r["greedy_identical"] else "NO"] for r in rows])
+
+
 def _markdown(rows: list[dict], manifest: dict) -> None:
-    print(markdown_table(rows), end="")
+    speculative = [r for r in rows if "draft" in r]
+    print(markdown_table([r for r in rows if "draft" not in r]), end="")
+    if speculative:
+        print("\n" + speculative_table(speculative), end="")
     if "TVM RPC" in rows[0]["backends"]:
         console.print(f"\ndevice: {terminal_safe(rows[0]['cpu_info'])}. Timed there by TVM's "
                       "time_evaluator (tg: one decode step at depth + n/2); no prediction, no RSS.")
         return
     console.print(f"\nCPU: {terminal_safe(rows[0]['cpu_info'])}. predicted: arkinfer.latency for "
                   "this host (`arkinfer doctor` measures its bandwidth and compute).")
+    if speculative:
+        console.print("spec-tg<n>: n greedy tokens after the prompt's prefill (d = its tokens), "
+                      "plainly and with the draft; accepted length: tokens per verify step.")

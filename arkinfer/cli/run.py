@@ -72,7 +72,8 @@ def _stream(tokens, tok) -> None:
 def _speculative(model, ids: list[int], settings, draft_spec: str, k: int):
     """Tokens of a speculative generation with the draft `draft_spec` (docs/speculative.md),
     then one stderr line: accepted length per verify step and the draft's acceptance."""
-    from arkinfer.speculative import SpecStats, parse_draft, speculative_generate
+    from arkinfer.pipeline.draft import parse_draft
+    from arkinfer.speculative import SpecStats, speculative_generate
 
     draft = parse_draft(draft_spec, model.runner)
     stats = SpecStats()

@@ -70,7 +70,8 @@ def command(
                             ["mean_kl", f"{f['mean_kl']:.6f}", "(reported)"],
                             ["max_abs_logit_diff", f"{f['max_abs_logit_diff']:.4g}", "(reported)"]])
         print_kv("integrity", [("files", result["integrity"]), ("float source", (
-            f"{result['source']['path']} (chosen by {result['source']['chosen_by']})"))])
+            f"{result['source']['path']} (chosen by {result['source']['chosen_by']})")),
+            ("speculative decoding", _speculative_line(result.get("speculative")))])
         _print_manifest_differences(result)
         for line in result.get("deferred", []):
             err_console.print(terminal_safe(f"note: not verified here: {line}"))
@@ -80,6 +81,18 @@ def command(
                           "loosen the gate explicitly")
     if not json_out:
         err_console.print("[green]passed[/]", markup=True)
+
+
+def _speculative_line(check: dict | None) -> str:
+    """One line for verify's speculative check (pipeline/verify_speculative.py)."""
+    if not check:
+        return "not checked"
+    if not check.get("checked"):
+        return f"not checked: {check.get('reason', '')}"
+    verdict = "identical to plain greedy" if check.get("identical") else "DIFFERS from plain"
+    return (f"{verdict} ({check['draft']}, k={check['k']}, {check.get('tokens', 0)} tokens over "
+            f"{check['prompts']} prompts, mean accepted length "
+            f"{check.get('mean_accepted_length', 0):.2f})")
 
 
 def _print_manifest_differences(result: dict) -> None:

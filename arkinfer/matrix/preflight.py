@@ -68,8 +68,7 @@ def source_hashes(source: Path) -> dict[str, str]:
 def stale_reason(plan: Any, overrides: dict[str, float]) -> str | None:
     """Why the artifact at `plan.out` must be rebuilt, or None when it is current."""
     from arkinfer import __version__
-    from arkinfer.pipeline.bench import recipe_of
-    from arkinfer.pipeline.manifest import check_files, read_manifest
+    from arkinfer.pipeline.manifest import check_files, read_manifest, recipe_of
     from arkinfer.pipeline.verify import thresholds_for
 
     if not plan.out.exists():

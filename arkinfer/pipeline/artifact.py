@@ -56,14 +56,13 @@ def verify_artifact(path: str | Path, *, overrides: dict[str, float] | None = No
     unless `source`). The thresholds are the scheme's (pipeline/verify.py) with `overrides`; the
     ones the manifest records are never used, and the result lists where the manifest's recorded
     metrics differ from the re-measured ones (`recorded_mismatches`)."""
-    from .bench import recipe_of
     from .verify import backend_fidelity, verify_runner
 
     path = Path(path)
     manifest, runner = load_runner(path, step=step)
     src = float_source(path, manifest, source)
     try:
-        recipe = recipe_of(manifest)
+        recipe = mf.recipe_of(manifest)
     except (TypeError, ValueError) as exc:
         raise mf.ManifestError(f"quant.recipe in {path / mf.MANIFEST_NAME} is not a recipe: {exc}",
                                hint="the manifest was edited or damaged; rebuild the artifact"

@@ -11,6 +11,10 @@ deviation are over the repetitions (llama-bench's `avg_ts`, `stddev_ts`, `sample
 ...). Token ids are the artifact's own tokenisation of corpus_eval.txt, cycled, so every backend
 sees the same text. Beside every measured rate, the latency model's prediction for this host
 (`arkinfer.latency`, measured bandwidth and compute from `arkinfer doctor`) and measured/predicted.
+
+`bench --speculative` adds, for every n in -n, a `spec-tg<n>` row: greedy decoding of SPEC_PROMPT
+(a repetitive task) with and without a draft (`arkinfer.speculative`), interleaved, each run
+checked to give the same tokens; n_depth is the prompt's length and avg_ts the speculative rate.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from arkinfer.errors import ArkError
+from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.huge_pages import status as huge_page_status
 
 # llama-bench's JSON fields we fill (same names and meaning), then ArkInfer's own.
@@ -94,21 +98,12 @@ class BenchSpec:
                        f"{min(128, context // 4)} -d 0")
 
 
-def runner_context(runner, raw_config: dict[str, Any] | None) -> int | None:
-    """The most tokens a bench may put in `runner`'s cache: the cache size the runner was loaded
-    with where it has one (llama.cpp's `n_ctx`, onnxruntime's `max_positions`), never more than
-    the source model's `max_position_embeddings` (`raw_config`, when the source is on this
-    machine); None when neither is known."""
-    sizes = [getattr(runner, "n_ctx", None), getattr(runner, "max_positions", None),
-             (raw_config or {}).get("max_position_embeddings")]
-    sizes = [s for s in sizes if isinstance(s, int) and not isinstance(s, bool) and s > 0]
-    return min(sizes) if sizes else None
-
-
 def bench_tokens(runner, count: int) -> list[int]:
     """`count` token ids: the runner's tokenisation of corpus_eval.txt, cycled (`count` is
     bounded by BenchSpec's MAX_TOKENS)."""
-    from .verify import EVAL_TEXT  # here: verify imports torch, and BenchSpec is checked first
+    from .verify import (
+        EVAL_TEXT,  # here: verify imports torch, and BenchSpec is checked first
+    )
 
     ids = runner.tokenize(EVAL_TEXT.read_text(encoding="utf-8"))
     if not ids:
@@ -149,11 +144,7 @@ def run_bench(runner, manifest: dict[str, Any], spec: BenchSpec, *,
     rows = []
     common = common_fields(manifest, cpu_model())
     for attention in spec.attention:
-        if attention != "default":
-            if attention not in runner.attention_modes:
-                raise ArkError(f"--attention {attention}: backend {manifest['backend']['name']} "
-                               "cannot switch attention", hint="use --attention default")
-            runner.set_attention(attention)
+        use_attention(runner, manifest, attention)
         tests = [("pp", p) for p in spec.prompts if p > 0] + [("tg", n) for n in spec.gens if n > 0]
         for depth in spec.depths:
             context = tokens[:depth]
@@ -172,6 +163,16 @@ def run_bench(runner, manifest: dict[str, Any], spec: BenchSpec, *,
                     samples.append(fn(runner, context, body))
                 rows.append(bench_row(common, kind, size, depth, attention, samples, predictor))
     return rows
+
+
+def use_attention(runner, manifest: dict[str, Any], attention: str) -> None:
+    """Switch `runner` to `attention` ("dense" / "sparse"); "default" leaves it as loaded."""
+    if attention == "default":
+        return
+    if attention not in runner.attention_modes:
+        raise ArkError(f"--attention {attention}: backend {manifest['backend']['name']} "
+                       "cannot switch attention", hint="use --attention default")
+    runner.set_attention(attention)
 
 
 def bench_row(common: dict[str, Any], kind: str, size: int, depth: int, attention: str,
@@ -201,6 +202,121 @@ def bench_row(common: dict[str, Any], kind: str, size: int, depth: int, attentio
     return row
 
 
+# `bench --speculative`'s default prompt: an edit that copies a given text almost word for word,
+# so greedy decoding repeats the prompt and a prompt-lookup draft finds its next tokens there.
+SPEC_NOTE = ("Dear neighbours, the river path will be closed from Monday to Thursday while the "
+             "old bridge is repaired. Please use the north gate, park behind the library, and "
+             "allow ten extra minutes for the walk to the station. ")
+SPEC_PROMPT = (f"Edit the note: change Monday to Tuesday and keep every other word.\n"
+               f"Note: {SPEC_NOTE}\nThe same note, copied: {SPEC_NOTE}\nEdited note: ")
+# The fields a `spec-tg<n>` row adds to bench_row's (the other rows do not have them).
+SPEC_FIELDS = ("draft", "draft_k", "plain_ts", "speedup", "mean_accepted_length",
+               "acceptance_rate", "draft_s", "verify_s", "greedy_identical")
+
+
+def speculative_gens(spec: BenchSpec) -> list[int]:
+    """The -n lengths above 0, one `spec-tg<n>` row each; ArkError when there is none."""
+    gens = [n for n in spec.gens if n > 0]
+    if not gens:
+        raise ArkError("--speculative times generation, and -n has no length above 0",
+                       hint="e.g. --speculative -n 128")
+    return gens
+
+
+def speculative_prompt(runner, manifest: dict[str, Any], spec: BenchSpec,
+                       context: int | None, text: str = SPEC_PROMPT) -> list[int]:
+    """The token ids `run_speculative_bench` decodes after: `text` in the runner's tokenisation.
+    Refuses, before anything is timed, a runner that cannot verify drafts (NotAvailableError),
+    -n without a length above 0, and a prompt + n + 1 tokens beyond `context`."""
+    if not runner.speculates:
+        raise NotAvailableError(
+            f"bench --speculative: the {manifest['backend']['name']} runtime of "
+            f"{manifest['name']} cannot extend and truncate its KV cache, so it cannot verify "
+            "drafts", hint="bench without --speculative, or build for a runtime that speculates "
+            "(gguf, mlx, reference, onnx without InfLLM v2; docs/speculative.md)")
+    gens = speculative_gens(spec)
+    prompt = runner.tokenize(text)
+    if not prompt:
+        raise ArkError("the artifact's tokenizer returned no tokens for the speculative prompt",
+                       hint="check the artifact's tokenizer files")
+    need = len(prompt) + max(gens) + 1
+    if context is not None and need > context:
+        raise ArkError(f"--speculative -n {max(gens)} after its {len(prompt)}-token prompt needs "
+                       f"{need:,} positions; {manifest['name']} holds {context:,} tokens",
+                       hint=f"pass -n {max(1, context - len(prompt) - 1)} or less")
+    return prompt
+
+
+def _decode_seconds(tokens) -> tuple[list[int], float]:
+    """(every id of the iterator `tokens`, seconds from its first id to its last): the first id
+    comes from the prompt's prefill, which is not timed (as tg's context is not)."""
+    out = [next(tokens)]
+    t0 = time.perf_counter()
+    out.extend(tokens)
+    return out, time.perf_counter() - t0
+
+
+def run_speculative_bench(runner, manifest: dict[str, Any], spec: BenchSpec, draft, k: int,
+                          prompt: list[int], *,
+                          progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One `spec-tg<n>` row per (attention, n in spec.gens above 0): after `prompt` (from
+    `speculative_prompt`), n greedy tokens plainly (`plain_generate`) and speculatively with
+    `draft` (an `arkinfer.speculative.Draft`, up to `k` tokens per verify step), interleaved,
+    `warmup` + `repetitions` times. Every run must give the same tokens: a difference is an
+    ArkError naming its first position. Rates exclude the prefill (see `_decode_seconds`)."""
+    from arkinfer.speculative import SpecStats, plain_generate, speculative_generate
+    from arkinfer.targets.machine import cpu_model
+
+    from .verify_speculative import greedy_mismatch
+
+    common = common_fields(manifest, cpu_model())
+    rows = []
+    for attention in spec.attention:
+        use_attention(runner, manifest, attention)
+        for n in speculative_gens(spec):
+            runs = []
+            for i in range(spec.warmup + spec.repetitions):
+                if progress:
+                    what = (f"warm-up {i + 1}/{spec.warmup}" if i < spec.warmup else
+                            f"run {i - spec.warmup + 1}/{spec.repetitions}")
+                    progress(f"{attention} spec-tg{n}: {what}")
+                # n + 1 ids: the prefill's untimed one, then n timed like tg<n>'s decode steps
+                plain, plain_s = _decode_seconds(plain_generate(runner, prompt, n + 1))
+                stats = SpecStats()
+                fast, spec_s = _decode_seconds(speculative_generate(
+                    runner, draft, prompt, n + 1, k=k, stats=stats))
+                mismatch = greedy_mismatch(plain, fast)
+                if mismatch:
+                    raise ArkError(f"greedy speculative decoding of {manifest['name']} ({draft.name}"
+                                   f", k={k}) differs from plain greedy decoding: {mismatch}",
+                                   hint="a bug in the runtime's extend/truncate or in the "
+                                   "acceptance rule; report it with the artifact")
+                if i >= spec.warmup:
+                    runs.append((plain_s, spec_s, stats))
+            rows.append(speculative_row(common, n, len(prompt), attention, runs, draft.name, k))
+    return rows
+
+
+def speculative_row(common: dict[str, Any], n: int, prompt_tokens: int, attention: str,
+                    runs: list, draft: str, k: int) -> dict[str, Any]:
+    """bench_row's fields for the speculative runs (avg_ts: speculative tokens/s, n_depth: the
+    prompt) plus SPEC_FIELDS. `runs`: (plain seconds, speculative seconds, SpecStats) per
+    measured repetition, each over n tokens."""
+    row = bench_row(common, "tg", n, prompt_tokens, attention, [s for _, s, _ in runs], None)
+    plain_ts = statistics.fmean(n / p for p, _, _ in runs)
+    stats = [st for _, _, st in runs]
+    row.update({
+        "test": f"spec-tg{n}", "draft": draft, "draft_k": k, "plain_ts": plain_ts,
+        "speedup": row["avg_ts"] / plain_ts,
+        "mean_accepted_length": statistics.fmean(st.mean_accepted_length for st in stats),
+        "acceptance_rate": statistics.fmean(st.acceptance_rate for st in stats),
+        "draft_s": statistics.fmean(st.draft_s for st in stats),
+        "verify_s": statistics.fmean(st.verify_s for st in stats),
+        "greedy_identical": True,  # run_speculative_bench raised otherwise
+    })
+    return row
+
+
 def common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
     """The fields every row of one bench shares, from the artifact's manifest; `cpu` names the
     machine that ran it (llama-bench's cpu_info)."""
@@ -223,6 +339,8 @@ def host_predictor(manifest: dict[str, Any], raw_config: dict[str, Any]):
     except ImportError:
         return None
     host = host_target(measure_if_missing=True)
+    from .manifest import recipe_of
+
     cost = ModelCost.from_config(raw_config, quant=recipe_of(manifest) or manifest["quant"]["scheme"])
 
     def predictor(kind: str, size: int, depth: int, _unused: int, attention: str) -> float | None:
@@ -235,17 +353,6 @@ def host_predictor(manifest: dict[str, Any], raw_config: dict[str, Any]):
         return p.decode_tok_s
 
     return predictor
-
-
-def recipe_of(manifest: dict[str, Any]):
-    """The QuantRecipe an artifact was built with (None for float builds)."""
-    from arkinfer.quant.recipe import QuantRecipe
-
-    fields = manifest["quant"]["recipe"]
-    if fields is None:
-        return None
-    return QuantRecipe(**{**fields, "skip": tuple(fields.get("skip", ())),
-                          "layers": tuple(tuple(pair) for pair in fields.get("layers", ()))})
 
 
 def write_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:

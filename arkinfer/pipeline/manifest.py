@@ -156,3 +156,14 @@ def artifact_record(folder: Path) -> dict[str, str | None] | None:
     except ArkError:
         return None
     return {**{rel: info["sha256"] for rel, info in manifest["files"].items()}, MANIFEST_NAME: None}
+
+
+def recipe_of(manifest: dict[str, Any]):
+    """The QuantRecipe an artifact was built with (None for float builds)."""
+    from arkinfer.quant.recipe import QuantRecipe
+
+    fields = manifest["quant"]["recipe"]
+    if fields is None:
+        return None
+    return QuantRecipe(**{**fields, "skip": tuple(fields.get("skip", ())),
+                          "layers": tuple(tuple(pair) for pair in fields.get("layers", ()))})

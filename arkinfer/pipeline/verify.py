@@ -22,6 +22,10 @@ ids). The prompts are paragraphs of arkinfer/data/corpus_eval.txt (held out from
 cut to `prompt_tokens`; sparse-config models get one extra prompt longer than `dense_len`, so
 InfLLM v2 is exercised when dense_len allows.
 
+On a runner that speculates, `speculative_check` also decodes SPEC_TOKENS greedy tokens after
+each prompt plainly and with a prompt-lookup draft: the tokens must be identical (a difference
+fails the gate); the result's `speculative` entry says what was checked, or why nothing was.
+
 The same prompts and metrics measure quantisation alone, with no runtime in between:
 `quantisation_quality(source, quantised_folder)` (what `arkinfer quantize` prints beside the
 SNR) and `backend_fidelity(..., reference=...)`'s `quantisation` entry (the build's summary).
@@ -358,8 +362,14 @@ def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
     if metrics["tokenizer_agreement"] < 1.0:
         failures.append(f"tokenizer_agreement {metrics['tokenizer_agreement']:.2f} < 1.0 (the "
                         "artifact's runtime tokenises the prompts differently)")
+    from .verify_speculative import speculative_check
+
+    speculative = speculative_check(runner, prompts, step)
+    if speculative.get("identical") is False:
+        failures.append(speculative["failure"])
     result = {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,
-              "failures": failures, "prompt_lengths": [len(p) for p in prompts]}
+              "failures": failures, "prompt_lengths": [len(p) for p in prompts],
+              "speculative": speculative}
     # A runner that is not the target's runtime (Core ML off macOS) names what it left unchecked
     # (`Runner.deferred`, () for every other runner).
     if runner.deferred:

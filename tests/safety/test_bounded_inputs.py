@@ -338,7 +338,8 @@ class _Runner:
 
 
 def test_bench_checks_the_context_before_making_tokens():
-    from arkinfer.pipeline.bench import BenchSpec, run_bench, runner_context
+    from arkinfer.backend import runner_context
+    from arkinfer.pipeline.bench import BenchSpec, run_bench
 
     runner = _Runner()
     context = runner_context(runner, {"max_position_embeddings": 4096})

@@ -7,7 +7,8 @@ import torch
 from spec_toy import BigramRunner
 
 from arkinfer.errors import ArkError
-from arkinfer.speculative import LookupDraft, ModelDraft, parse_draft
+from arkinfer.pipeline.draft import parse_draft
+from arkinfer.speculative import LookupDraft, ModelDraft
 
 
 def test_lookup_and_an_artifact_folder(gguf_pair, demo_gguf):

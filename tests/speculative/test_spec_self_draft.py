@@ -15,10 +15,10 @@ from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
 from arkinfer.frontend.demo import demo_model_path
 from arkinfer.pipeline.artifact import load_runner
+from arkinfer.pipeline.draft import parse_draft
 from arkinfer.speculative import (
     ModelDraft,
     SpecStats,
-    parse_draft,
     plain_generate,
     speculative_generate,
 )

@@ -22,8 +22,9 @@ from numpy_backend.backend import PROFILE
 from arkinfer.backend import backend_names, get_backend
 from arkinfer.generate import windows_of, windows_perplexity
 from arkinfer.pipeline.artifact import load_runner, verify_artifact
-from arkinfer.pipeline.bench import BenchSpec, recipe_of, run_bench
+from arkinfer.pipeline.bench import BenchSpec, run_bench
 from arkinfer.pipeline.build import build
+from arkinfer.pipeline.manifest import recipe_of
 from arkinfer.pipeline.plan import CalibSettings, resolve_plan
 from arkinfer.pipeline.reference_runner import ReferenceRunner
 from arkinfer.pipeline.verify import (

@@ -1,4 +1,5 @@
-"""How the user names a draft (`--draft SOURCE`): "lookup", "self:N", or the folder of an artifact
+"""How the user names a draft (`--draft SOURCE`; here, beside `artifact.py`, because a draft can be
+an artifact folder): "lookup", "self:N", or the folder of an artifact
 whose tokenizer is the target's."""
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from pathlib import Path
 
 from arkinfer.backend import Runner
 from arkinfer.errors import ArkError
-from arkinfer.pipeline.artifact import load_runner
 from arkinfer.speculative.draft import Draft
 from arkinfer.speculative.lookup import LookupDraft
 from arkinfer.speculative.model_draft import ModelDraft
@@ -33,5 +33,7 @@ def parse_draft(spec: str, target: Runner) -> Draft:
     if not path.is_dir():
         raise ArkError(f"--draft {spec!r} is not a draft: use {DRAFT_FORMS}",
                        hint="e.g. --draft lookup, or --draft dist/small.host.q4_0")
+    from .artifact import load_runner
+
     _, runner = load_runner(path)
     return ModelDraft(runner, target, name=path.name)
