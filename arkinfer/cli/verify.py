@@ -89,7 +89,11 @@ def _speculative_line(check: dict | None) -> str:
         return "not checked"
     if not check.get("checked"):
         return f"not checked: {check.get('reason', '')}"
-    verdict = "identical to plain greedy" if check.get("identical") else "DIFFERS from plain"
+    ties = check.get("near_ties", [])
+    verdict = ("identical to plain greedy" if check.get("identical") else
+               "DIFFERS from plain" if "failure" in check else
+               f"identical to plain greedy but for {len(ties)} near tie(s) the runtime's batched "
+               "and single-token kernels order differently")
     return (f"{verdict} ({check['draft']}, k={check['k']}, {check.get('tokens', 0)} tokens over "
             f"{check['prompts']} prompts, mean accepted length "
             f"{check.get('mean_accepted_length', 0):.2f})")

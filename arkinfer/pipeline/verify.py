@@ -24,7 +24,8 @@ InfLLM v2 is exercised when dense_len allows.
 
 On a runner that speculates, `speculative_check` also decodes SPEC_TOKENS greedy tokens after
 each prompt plainly and with a prompt-lookup draft: the tokens must be identical (a difference
-fails the gate); the result's `speculative` entry says what was checked, or why nothing was.
+fails the gate, unless it is a near tie that batched and single-token kernels order differently:
+pipeline/verify_speculative.py); the result's `speculative` entry says what was checked, or why nothing was.
 
 The same prompts and metrics measure quantisation alone, with no runtime in between:
 `quantisation_quality(source, quantised_folder)` (what `arkinfer quantize` prints beside the
@@ -365,7 +366,7 @@ def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
     from .verify_speculative import speculative_check
 
     speculative = speculative_check(runner, prompts, step)
-    if speculative.get("identical") is False:
+    if "failure" in speculative:
         failures.append(speculative["failure"])
     result = {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,
               "failures": failures, "prompt_lengths": [len(p) for p in prompts],

@@ -27,13 +27,54 @@ def greedy_mismatch(plain: list[int], speculative: list[int]) -> str | None:
     return f"at generated token {at} (plain {token(plain)}, speculative {token(speculative)})"
 
 
+#: The most two scorings of one position may differ by, as a fraction of its logits' range, and
+#: still count as the same computation summed in another order (llama.cpp's batched and
+#: single-token CPU kernels differ by well under 1 %); a broken cache differs by far more.
+KERNEL_NOISE = 0.02
+
+
+def first_difference(plain: list[int], speculative: list[int]) -> int | None:
+    """Index of the first generated token where the lists differ (None when equal)."""
+    if plain == speculative:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(plain, speculative)) if a != b),
+                min(len(plain), len(speculative)))
+
+
+def near_tie(runner, prompt: list[int], plain: list[int], speculative: list[int],
+             at: int) -> dict[str, Any] | None:
+    """Whether greedy speculative decoding's first different token `at` is a near tie that the
+    runtime's kernels decide differently, not a bug. Plain decoding scored position `at` with
+    single-token decode steps, a verify step scores it inside a multi-token batch; runtimes whose
+    batched kernels sum in another order (llama.cpp's CPU matmuls) give logits that differ in the
+    last bits. The position is re-scored both ways: it is a near tie when plain's margin of its
+    token over the speculative one is no larger than the largest difference between the two
+    scorings' logits there, and that difference is small (KERNEL_NOISE of the logits' range). Returns {"at", "logit_gap", "kernel_difference"} for a near tie,
+    None otherwise (a real difference: a bug in extend/truncate or in the acceptance rule)."""
+    if at >= min(len(plain), len(speculative)):
+        return None  # one list stopped early: not a tie between two tokens
+    runner.reset()
+    single = runner.prefill(list(prompt))
+    for token in plain[:at]:
+        single = runner.decode(token)
+    runner.reset()
+    batched = runner.extend(list(prompt) + plain[:at])[-1]
+    gap = float(single[plain[at]] - single[speculative[at]])
+    noise = float((single - batched).abs().max())
+    spread = float(single.max() - single.min())
+    if gap <= noise <= KERNEL_NOISE * spread:
+        return {"at": at, "logit_gap": gap, "kernel_difference": noise}
+    return None
+
+
 def speculative_check(runner, prompts: list[list[int]],
                       step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Greedy speculative decoding with a prompt-lookup draft (k = SPEC_K) against plain greedy
     decoding, SPEC_TOKENS tokens after each prompt that fits the runner's cache. Returns
     {"checked": True, "draft": "lookup", "k", "identical", "prompts", "tokens",
     "mean_accepted_length", "acceptance_rate"} (+ "failure" naming the prompt and the first
-    differing token when not identical), or {"checked": False, "reason"} for a runner that does
+    differing token when not identical and not a near tie; + "near_ties": [{"prompt", "at",
+    "logit_gap", "kernel_difference"}] for differences `near_tie` explains), or {"checked": False, "reason"} for a runner that does
     not speculate or a cache too small for any prompt."""
     from arkinfer.backend import runner_context
     from arkinfer.speculative import (
@@ -62,10 +103,14 @@ def speculative_check(runner, prompts: list[list[int]],
         fast = list(speculative_generate(runner, draft, ids, SPEC_TOKENS, k=SPEC_K, stats=stats))
         mismatch = greedy_mismatch(plain, fast)
         if mismatch:
-            out.update(identical=False, failure=(
-                f"greedy speculative decoding ({draft.name}, k={SPEC_K}) differs from plain "
-                f"greedy decoding on prompt {i + 1} of {len(fits)} {mismatch}"))
-            break
+            out["identical"] = False
+            tie = near_tie(runner, ids, plain, fast, first_difference(plain, fast))
+            if tie is None:
+                out["failure"] = (f"greedy speculative decoding ({draft.name}, k={SPEC_K}) "
+                                  f"differs from plain greedy decoding on prompt {i + 1} of "
+                                  f"{len(fits)} {mismatch}")
+                break
+            out.setdefault("near_ties", []).append({"prompt": i + 1, **tie})
         tokens += len(plain)
         total.steps += stats.steps
         total.drafted += stats.drafted

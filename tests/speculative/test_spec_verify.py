@@ -9,6 +9,7 @@ import copy
 import json
 
 import pytest
+import torch
 from spec_support import built_demo
 from typer.testing import CliRunner
 
@@ -16,7 +17,12 @@ from arkinfer.cli.main import app
 from arkinfer.pipeline import manifest as mf
 from arkinfer.pipeline.artifact import verify_artifact
 from arkinfer.pipeline.reference_runner import ReferenceRunner
-from arkinfer.pipeline.verify_speculative import SPEC_K, SPEC_TOKENS, greedy_mismatch
+from arkinfer.pipeline.verify_speculative import (
+    SPEC_K,
+    SPEC_TOKENS,
+    greedy_mismatch,
+    near_tie,
+)
 
 cli = CliRunner()
 
@@ -87,3 +93,37 @@ def test_the_schema_takes_the_record_and_refuses_a_bad_one(demo_gguf):
     bad["verification"]["speculative"]["k"] = 0
     with pytest.raises(mf.ManifestError):
         mf.validate(bad)
+
+
+class _TwoScorings:
+    """A runner whose single-token path and batched path score the last position with the given
+    logits (what plain decoding and a verify step see)."""
+
+    def __init__(self, single, batched) -> None:
+        self.single, self.batched = torch.tensor(single), torch.tensor(batched)
+
+    def reset(self) -> None:
+        pass
+
+    def prefill(self, ids):
+        return self.single
+
+    def decode(self, token):
+        return self.single
+
+    def extend(self, ids):
+        return self.batched.repeat(len(ids), 1)
+
+
+def test_a_near_tie_is_told_from_a_real_difference():
+    """Plain prefers token 0 by 0.001, the batched scoring token 1: the scorings differ by 0.002
+    of a range of 1 (kernel summation order) -> a near tie; a scoring that differs by the whole
+    range is a broken runtime -> not a tie."""
+    tie = near_tie(_TwoScorings([1.0, 0.999, 0.0, 0.0], [0.998, 1.0, 0.0, 0.0]), [3], [0], [1], 0)
+    assert tie is not None and tie["at"] == 0
+    assert tie["logit_gap"] == pytest.approx(0.001, abs=1e-6)
+    assert tie["kernel_difference"] == pytest.approx(0.002, abs=1e-6)
+    assert near_tie(_TwoScorings([1.0, 0.999, 0.0, 0.0], [0.0, 1.0, 0.9, 0.0]), [3], [0], [1],
+                    0) is None
+    assert near_tie(_TwoScorings([1.0, 0.5, 0.0, 0.0], [0.998, 1.0, 0.0, 0.0]), [3], [0], [1],
+                    0) is None  # a clear margin is never a tie
