@@ -1,10 +1,11 @@
 """The FastAPI application: routes and error handlers over a `ChatServer` (server.py).
 
     app = serve_app("dist/demo.host.q4_0", ServerLimits())   # then uvicorn.run(app, ...)
+    app = serve_app("dist/demo.host.q4_0", draft="lookup", draft_k=4)   # speculative
     app = create_app(model, ServerLimits())       # a ChatModel opened already
 
-`serve_app` opens the model on the runner queue's worker thread, the thread every generation
-then runs on (MLX's runner works only on the thread that loaded it).
+`serve_app` opens the model, and its draft, on the runner queue's worker thread, the thread every
+generation then runs on (MLX's runner works only on the thread that loaded it).
 
 Every error, FastAPI's own included (a body that is not JSON, a missing field, an unknown path),
 is answered in OpenAI's error shape; an unexpected one is a 500 and the server keeps serving.
@@ -48,14 +49,18 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return (f"{param}: {reason}" if param else reason) + more, param
 
 
-def serve_app(target: str, limits: ServerLimits | None = None, *, dense: bool = False):
+def serve_app(target: str, limits: ServerLimits | None = None, *, dense: bool = False,
+              draft: str | None = None, draft_k: int = 4):
     """The FastAPI app serving the artifact, model folder, .gguf file or "demo" `target`, opened
-    on the runner queue's worker thread (see runner_queue.py)."""
+    on the runner queue's worker thread (see runner_queue.py); with `draft` ("lookup", "self:N"
+    or a draft artifact's folder) every request is generated speculatively, `draft_k` draft
+    tokens per verify step (a runner that cannot speculate is refused here)."""
     _fastapi()  # before loading a model for minutes
     limits = limits or ServerLimits()
     queue = RunnerQueue(limits.max_queue)
     try:
-        model = queue.call(lambda: open_chat_model(target, dense=dense))
+        model = queue.call(lambda: open_chat_model(target, dense=dense, draft=draft,
+                                                   draft_k=draft_k))
     except BaseException:
         queue.close()
         raise
@@ -138,6 +143,7 @@ def create_app(model: ChatModel, limits: ServerLimits | None = None,
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model.name, "runtime": model.runtime,
+                "draft": None if model.draft is None else model.draft.name,
                 "requests_admitted": server.queue.admitted}
 
     return app

@@ -2,11 +2,15 @@
 
     model = open_chat_model("dist/demo.host.q4_0")   # an artifact: its own runtime
     model = open_chat_model("demo")                   # a model folder: the reference model
+    model = open_chat_model("dist/demo.host.q4_0", draft="lookup", draft_k=4)  # speculative
     ids = model.encode_chat([{"role": "user", "content": "Hi"}], enable_thinking=False)
     ids = model.encode_text("The kettle")
 
 An artifact is opened with `load_runner` (its file hashes checked first); a model folder, a .gguf
-file or "demo" runs on ArkInfer's PyTorch reference model (`ReferenceRunner`).
+file or "demo" runs on ArkInfer's PyTorch reference model (`ReferenceRunner`). With a draft
+("lookup", "self:N" or a draft artifact's folder: `arkinfer.pipeline.draft.parse_draft`) the model
+generates speculatively (docs/speculative.md); a runner that cannot verify drafts is refused here,
+before the server starts.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class ChatModel:
     """name: the id served as the model (the artifact's name, or the folder's); runtime: the
     backend that runs it ("gguf", "reference", ...); context: positions a prompt plus its reply
     may use, and `context_source` what sets that limit; tokenizer_source: where the tokenizer
-    came from."""
+    came from; draft: the `arkinfer.speculative.Draft` requests are generated with (None: plain
+    decoding), proposing `draft_k` tokens per verify step."""
 
     name: str
     runtime: str
@@ -39,6 +44,8 @@ class ChatModel:
     # TextTokenizer.encode flips the tokenizer's encode_special_tokens flag for the call: one
     # encode at a time, or two requests' flags would mix.
     _encode_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    draft: Any = None  # arkinfer.speculative.Draft
+    draft_k: int = 4
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -62,15 +69,32 @@ class ChatModel:
             return self.tokenizer.encode(text, parse_special=parse_special)
 
 
-def open_chat_model(target: str | Path, *, dense: bool = False) -> ChatModel:
+def open_chat_model(target: str | Path, *, dense: bool = False, draft: str | None = None,
+                    draft_k: int = 4) -> ChatModel:
     """The artifact folder `target` (it holds arkinfer.json) on its own runtime, else the model
     folder, .gguf file or "demo" `target` on the reference model. `dense`: dense attention on
-    InfLLM v2 models (NotAvailableError from a runtime that cannot switch)."""
+    InfLLM v2 models (NotAvailableError from a runtime that cannot switch). `draft`: generate
+    speculatively with that draft, `draft_k` tokens per step (see `attach_draft`)."""
     from arkinfer.pipeline.artifact import is_artifact
 
     if is_artifact(target):
-        return _open_artifact(Path(target), dense)
-    return _open_model(str(target), dense)
+        model = _open_artifact(Path(target), dense)
+    else:
+        model = _open_model(str(target), dense)
+    if draft is not None:
+        attach_draft(model, draft, draft_k)
+    return model
+
+
+def attach_draft(model: ChatModel, spec: str, k: int) -> None:
+    """Make `model` generate speculatively with the draft `spec` names ("lookup", "self:N" or a
+    draft artifact's folder), `k` tokens per verify step. NotAvailableError when its runner
+    cannot extend and truncate its KV cache; ArkError for a bad `spec` or k < 1."""
+    from arkinfer.pipeline.draft import parse_draft
+    from arkinfer.speculative.engine import check_target
+
+    check_target(model.runner, k)  # before a draft model is loaded for nothing
+    model.draft, model.draft_k = parse_draft(spec, model.runner), k
 
 
 def _open_artifact(path: Path, dense: bool) -> ChatModel:

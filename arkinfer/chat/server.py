@@ -13,7 +13,9 @@ Requests are checked before they reach the runner, each refusal a 4xx in OpenAI'
 server's limit (400), a prompt plus max_tokens over the context (400, code
 "context_length_exceeded"), more than `max_queue` requests waiting (429). Generation runs on the
 runner's one worker thread (`RunnerQueue`), so concurrent requests are served one after another
-and each gets the tokens it would get alone.
+and each gets the tokens it would get alone. A model opened with a draft (`serve --draft`)
+generates speculatively: greedy requests get exactly the tokens of plain decoding, sampled ones
+tokens with its distribution (the rejection rule of arkinfer/speculative/rejection.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from arkinfer.errors import ArkError
@@ -84,6 +86,28 @@ def settings_for(model: ChatModel, limits: ServerLimits, body: SamplingRequest,
     return settings
 
 
+def model_tokens(model: ChatModel, ids: list[int], settings: GenerationSettings,
+                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[int]:
+    """The request's token ids from `model`'s runner: plain decoding, or speculative decoding
+    with `model.draft` when it has one; a stop id is yielded, then generation ends.
+    `cancelled()` is asked after each token (a client that went away)."""
+    if model.draft is None:
+        yield from generate_tokens(model.runner, ids, settings, model.stop_ids,
+                                   where=f"the {model.runtime} runtime of {model.name}",
+                                   cancelled=cancelled)
+        return
+    from arkinfer.speculative import speculative_generate
+
+    settings.check()
+    for token in speculative_generate(model.runner, model.draft, ids, settings.max_tokens,
+                                      k=model.draft_k, temperature=settings.temperature,
+                                      top_p=settings.top_p, seed=settings.seed,
+                                      stop_ids=model.stop_ids):
+        yield token
+        if cancelled():
+            return
+
+
 class ChatServer:
     """The endpoints' work: encode, check, queue, generate, answer."""
 
@@ -101,9 +125,7 @@ class ChatServer:
                 channel.end()
                 return
             try:
-                for token in generate_tokens(model.runner, ids, settings, model.stop_ids,
-                                             where=f"the {model.runtime} runtime of {model.name}",
-                                             cancelled=channel.cancelled):
+                for token in model_tokens(model, ids, settings, channel.cancelled):
                     channel.put(token)
                 channel.end()
             except Exception as exc:  # noqa: BLE001 - handed to the request that waits

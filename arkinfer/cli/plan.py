@@ -14,9 +14,20 @@ from rich.table import Table
 
 from arkinfer.cli._errors import handle_errors, report
 from arkinfer.cli._options import BackendOpt, JsonOpt, QuantOpt, TargetOpt
-from arkinfer.cli._output import console, print_json, print_kv, print_table, terminal_safe
+from arkinfer.cli._output import (
+    console,
+    print_json,
+    print_kv,
+    print_table,
+    terminal_safe,
+)
 from arkinfer.latency.plan import CONTEXTS, Plan, make_plan
 from arkinfer.latency.predict import Prediction
+from arkinfer.latency.speculative import (
+    DEFAULT_ACCEPTANCE,
+    DEFAULT_K,
+    SpeculativePrediction,
+)
 
 HELP = ("Plan a deployment from config.json (and safetensors headers) alone: weight bytes per "
         "format, KV cache per token, memory fit at 4K / 32K / 128K tokens, what the target's "
@@ -27,6 +38,9 @@ EXAMPLES = [
     "arkinfer plan minicpm4.1-8b --target rpi5 --quant fp16",
     "arkinfer plan ./MiniCPM4.1-8B/config.json --target apple-m4-pro --quant mlx4 --json",
     "arkinfer plan demo --target host --quant q4_0 -c 512 -c 2048",
+    "arkinfer plan minicpm4.1-8b --target jetson-orin --quant int4 --speculative",
+    ("arkinfer plan demo --target host --quant q4_0 --speculative --acceptance 0.8 --draft-k 6 "
+     "--draft-layers 2"),
 ]
 
 
@@ -120,6 +134,39 @@ def _print_rows(plan: Plan) -> None:
                          for r in plan.rows) else ""), markup=False)
 
 
+def speculative_rows(plan: Plan, acceptance: float, k: int,
+                     layers: int | None) -> list[SpeculativePrediction]:
+    """lookup and self:N (N = `layers`, default a quarter of the target's layers) at the plan's
+    smallest context, with InfLLM v2 where the plan runs it."""
+    from arkinfer.latency.speculative import predict_speculative
+
+    n = layers if layers is not None else max(1, plan.cost.layers // 4)
+    attention = "sparse" if plan.sparse_supported else "dense"
+    return [predict_speculative(plan.cost, plan.target, draft, acceptance=acceptance, k=k,
+                                ctx=min(plan.contexts), attention=attention)
+            for draft in ("lookup", f"self:{n}")]
+
+
+def _print_speculative(rows: list[SpeculativePrediction], ctx: int, assumed: bool) -> None:
+    table = Table(title=f"speculative decoding, predicted at {_ctx(ctx)} tokens",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  header_style="bold")
+    for col in ("draft", "A", "k", "E", "draft ms", "verify ms", "tg t/s", "speed-up"):
+        table.add_column(col, justify="left" if col == "draft" else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(r.draft, f"{r.acceptance:g}", str(r.k), f"{r.expected_tokens:.2f}",
+                      f"{r.t_draft * 1000:.2f}", f"{r.t_verify * 1000:.2f}",
+                      _rate(r.decode_tok_s), f"{r.speedup:.2f}x")
+    console.print(table)
+    console.print(("A (per-token acceptance) is assumed; measure it with `arkinfer bench "
+                   "--speculative`. " if assumed else "") +
+                  "E = (1 - A^(k+1)) / (1 - A) tokens per verify step; speed-up = E x decode "
+                  "time / (k x draft time + verify time); verify = one target step over k + 1 "
+                  "positions (one read of the weights, k + 1 times the FLOPs); the self:N draft "
+                  "reads N/L of the layers plus the LM head, lookup reads nothing.",
+                  markup=False)
+
+
 def command(
     model: Annotated[str, typer.Argument(help="A known config name (minicpm4.1-8b), a "
                                          "config.json, a model folder, or 'demo'.")],
@@ -129,21 +176,48 @@ def command(
     context: Annotated[list[int] | None, typer.Option("--context", "-c", help="Context length "
                        "(repeat; default 4096, 32768, 131072).")] = None,
     json_out: JsonOpt = False,
+    speculative: Annotated[bool, typer.Option(
+        "--speculative", help="Also predict the speed-up of speculative decoding with the "
+        "lookup and self:N drafts.")] = False,
+    acceptance: Annotated[float | None, typer.Option(
+        "--acceptance", min=0.0, max=1.0, help="Per-token draft acceptance probability for "
+        f"--speculative (default {DEFAULT_ACCEPTANCE}, assumed; `arkinfer bench --speculative` "
+        "measures it).")] = None,
+    draft_k: Annotated[int, typer.Option("--draft-k", min=1, max=16,
+                                         help="Draft tokens per verify step.")] = DEFAULT_K,
+    draft_layers: Annotated[int | None, typer.Option(
+        "--draft-layers", min=1, help="N of the self:N draft (default: a quarter of the "
+        "model's layers).")] = None,
 ) -> None:
     """Memory fit and predicted latency of MODEL on TARGET with QUANT."""
-    run(model, target, quant, backend, context, json_out)
+    spec = (acceptance, draft_k, draft_layers) if speculative else None
+    run(model, target, quant, backend, context, json_out, spec)
 
 
 @handle_errors
 def run(model: str, target: str, quant: str, backend: str | None, context: list[int] | None,
-        json_out: bool) -> None:
+        json_out: bool,
+        speculative: tuple[float | None, int, int | None] | None = None) -> None:
+    """`speculative`: (acceptance or None for the assumed default, k, self:N layers or None)."""
     plan = make_plan(model, target, quant, backend, tuple(context or CONTEXTS))
     refusal = plan.refusal()
+    spec_rows: list[SpeculativePrediction] = []
+    if speculative is not None:
+        acceptance, k, layers = speculative
+        spec_rows = speculative_rows(plan, DEFAULT_ACCEPTANCE if acceptance is None
+                                     else acceptance, k, layers)
     if json_out:
-        print_json(plan.as_dict())
+        out = plan.as_dict()
+        if speculative is not None:
+            out["speculative"] = {"ctx": min(plan.contexts),
+                                  "acceptance_assumed": speculative[0] is None,
+                                  "predictions": [r.as_dict() for r in spec_rows]}
+        print_json(out)
     else:
         _print_header(plan)
         _print_rows(plan)
+        if spec_rows:
+            _print_speculative(spec_rows, min(plan.contexts), speculative[0] is None)
         print_table(f"ops on {plan.backend}", ["op", "implementation"],
                     [list(r) for r in plan.ops()])
         for note in plan.notes:

@@ -17,11 +17,14 @@ HELP = ("Serve a built artifact (or a model folder, a .gguf file or 'demo' on th
         "events, GET /v1/models and /health. Requests run one after another on the runtime (it "
         "holds one KV cache), each with the tokens it would get alone; beyond --max-queue "
         "waiting requests the server answers 429. A prompt plus max_tokens over the context, "
-        "or max_tokens over --max-tokens-limit, is a 400. See docs/serving.md.")
+        "or max_tokens over --max-tokens-limit, is a 400. With --draft every request is generated "
+        "speculatively (greedy: the same tokens as without). See docs/serving.md.")
 EXAMPLES = [
     "arkinfer serve dist/demo.host.q4_0",
     "arkinfer serve dist/demo.host.q4_0 --port 8081 --max-tokens-limit 512 --max-queue 4",
     "arkinfer serve demo --host 0.0.0.0",
+    "arkinfer serve dist/demo.host.q4_0 --draft lookup --draft-k 4",
+    "arkinfer serve dist/demo.host.q4_0 --draft self:2",
 ]
 
 
@@ -39,17 +42,27 @@ def command(
         "--max-queue", min=0, help="Requests that may wait behind the running one; one more "
         "gets 429.")] = 16,
     dense: DenseOpt = False,
+    draft: Annotated[str | None, typer.Option(
+        "--draft", help="Generate every request speculatively: 'lookup' (prompt lookup, no "
+        "extra model), 'self:N' (the model's first N layers) or the folder of a draft model's "
+        "artifact with the same tokenizer. Greedy output is identical to plain decoding; "
+        "sampling keeps its distribution. A runtime that cannot speculate is refused at "
+        "startup.")] = None,
+    draft_k: Annotated[int, typer.Option("--draft-k", min=1, max=16,
+                                         help="Draft tokens per verify step.")] = 4,
 ) -> None:
     from arkinfer.chat.app import serve_app
     from arkinfer.chat.server import ServerLimits
 
     app = serve_app(model, ServerLimits(max_tokens=max_tokens_limit, max_queue=max_queue),
-                    dense=dense)
+                    dense=dense, draft=draft, draft_k=draft_k)
     import uvicorn
 
     chat = app.state.chat.model
     err_console.print(f"[dim]{escape(terminal_safe(chat.runtime))} runtime · "
                       f"{escape(terminal_safe(chat.name))} · context {chat.context} tokens · "
+                      + (f"draft {escape(terminal_safe(chat.draft.name))}, k={chat.draft_k} · "
+                         if chat.draft is not None else "") +
                       f"serving on http://{escape(terminal_safe(host))}:{port}/v1[/]",
                       markup=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -141,6 +141,25 @@ class LlamaCppRunner(RunnerBase):
         self._eval(ids, every_position=True)
         return torch.from_numpy(np.array(self.llm.scores[start:start + len(ids)], dtype=np.float32))
 
+    @property
+    def layer_count(self) -> int:
+        """Decoder blocks of the loaded GGUF (`{arch}.block_count`); 0 when the file has none."""
+        meta = self.llm.metadata  # the GGUF's keys, as strings, read by llama.cpp at load
+        return int(meta.get(f"{meta.get('general.architecture', '')}.block_count", 0))
+
+    def first_layers(self, n: int) -> LlamaCppRunner:
+        """A runner over a GGUF of this file's first `n` blocks, final norm and output layer
+        (truncate.py; written once into the ArkInfer cache, never into the artifact), with this
+        runner's n_ctx and threads: speculative decoding's `self:N` draft. all_logits=False: a
+        draft asks for the last position's logits only."""
+        from .truncate import truncated_gguf
+
+        if not 1 <= n < self.layer_count:
+            raise ArkError(f"first_layers({n}): {self.path} has {self.layer_count} blocks; take "
+                           f"1..{self.layer_count - 1}", hint="pick fewer layers")
+        return LlamaCppRunner(truncated_gguf(self.path, n), n_ctx=self.n_ctx,
+                              n_threads=self.llm.n_threads, all_logits=False)
+
     def extend(self, ids: list[int]) -> torch.Tensor:
         """Append `ids` (at most n_batch: one llama_decode call) with the logits of each
         position marked in the batch; logits [len(ids), V] float32, copied out of llama.cpp's

@@ -11,10 +11,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from chat_support import BUILDS, QUESTION
+from chat_support import BUILDS, QUESTION, alone
 
 from arkinfer.chat.app import serve_app
-from arkinfer.chat.generation import GenerationSettings, generate_tokens
 from arkinfer.chat.server import ServerLimits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,17 +38,6 @@ def post(url: str, body: bytes | dict) -> tuple[int, dict]:
 def get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=60) as response:
         return json.loads(response.read())
-
-
-def alone(server, messages=QUESTION, n: int = 64) -> str:
-    """The greedy reply generated directly on the server's own runner (on its worker thread)."""
-    chat = server.app.state.chat
-    model = chat.model
-    ids = model.encode_chat(messages)
-    tokens = chat.queue.call(lambda: list(generate_tokens(model.runner, ids, GenerationSettings(n),
-                                                          model.stop_ids)))
-    return model.tokenizer.decode([t for t in tokens if t not in model.stop_ids],
-                                  skip_special_tokens=True)
 
 
 @pytest.mark.llamacpp
