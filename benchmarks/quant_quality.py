@@ -123,6 +123,10 @@ ROWS = {
     "gptq-mix-4.9-kfloor3": Row("the same with a floor of 3 (ablation)",
                                 dict(calib="gptq", format="gguf-q4_0", group_size=32,
                                      grid="mse", skip=(), budget=4.9), ACT, floor=3.0),
+    "gptq-mix-4.9-tailrtn": Row("the same with the tied output layer rounded (RTN, mse grid) "
+                                "instead of GPTQ under the output role's H (ablation)",
+                                dict(calib="gptq", format="gguf-q4_0", group_size=32,
+                                     grid="mse", skip=(), budget=4.9), {**ACT, "tail": "rtn"}),
     "gptq-g32-mse": Row("GPTQ g32 sym act-order checkpoint (gptq layout; Q4_0's group size)",
                         dict(calib="gptq", format="gptq", group_size=32, grid="mse",
                              desc_act=True), runtime="torch"),

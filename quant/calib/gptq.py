@@ -316,7 +316,8 @@ class GPTQConfig:
     prefix_cap: those positions enter H with their norm capped at prefix_cap x the RMS norm of
     the other tokens (0 = left out entirely; see hessian.py); refit: the scales refitted to the
     codes by least squares of GPTQ's objective once a layer's codes are fixed (refit.py; off by
-    default: 0-2 % lower KL on the development texts, no gain on held-out text)."""
+    default: 0-2 % lower KL on the development texts, no gain on held-out text); tail: how the
+    output layer is quantised, "gptq" (under its inputs' H) or "rtn" (its weights alone)."""
 
     bits: int = 4
     group_size: int = 128
@@ -330,6 +331,7 @@ class GPTQConfig:
     prefix_cap: float = 0.0
     grid: Grid = "minmax"
     refit: bool = False
+    tail: str = "gptq"
 
 
 class GPTQCalibrator(BlockCalibrator):
@@ -424,7 +426,7 @@ class GPTQCalibrator(BlockCalibrator):
 
     def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
                       ctx: CalibContext) -> QuantizedWeight:
-        if h is None:
+        if h is None or self.config.tail == "rtn":
             bits, group, sym = ctx.shape_for(name, self.config)
             return quantize_rtn(w, bits, group, sym, scale_dtype=ctx.scale_dtype,
                                 grid=self.config.grid, name=name, fmt=ctx.format_for(name))
