@@ -16,6 +16,7 @@ before the server starts.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from arkinfer.errors import TokenizerError
 from arkinfer.frontend.tokenizer import Message, TextTokenizer, require_unicode
 
 from .context import artifact_context
+from .generation import GenerationSettings, generate_tokens
 
 
 @dataclass
@@ -125,3 +127,27 @@ def _open_model(target: str, dense: bool) -> ChatModel:
                      int(ckpt.config.max_position_embeddings),
                      f"max_position_embeddings in {Path(ckpt.path) / 'config.json'}",
                      f"{Path(ckpt.path) / 'tokenizer.json'}")
+
+
+def model_tokens(model: ChatModel, ids: list[int], settings: GenerationSettings,
+                 cancelled: Callable[[], bool] = lambda: False,
+                 stats=None) -> Iterator[int]:
+    """Token ids from a `ChatModel`'s runner (`run` and `serve`): plain decoding, or speculative
+    decoding with `model.draft` when it has one (`stats`: a SpecStats it fills in); a stop id is
+    yielded, then generation ends. `cancelled()` is asked after each token (a client that went
+    away)."""
+    if model.draft is None:
+        yield from generate_tokens(model.runner, ids, settings, model.stop_ids,
+                                   where=f"the {model.runtime} runtime of {model.name}",
+                                   cancelled=cancelled)
+        return
+    from arkinfer.speculative import speculative_generate
+
+    settings.check()
+    for token in speculative_generate(model.runner, model.draft, ids, settings.max_tokens,
+                                      k=model.draft_k, temperature=settings.temperature,
+                                      top_p=settings.top_p, seed=settings.seed,
+                                      stop_ids=model.stop_ids, stats=stats):
+        yield token
+        if cancelled():
+            return

@@ -23,14 +23,14 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from arkinfer.errors import ArkError
 
 from .context import ContextError, check_context
-from .generation import GenerationSettings, generate_tokens
-from .model import ChatModel
+from .generation import GenerationSettings
+from .model import ChatModel, model_tokens
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -84,28 +84,6 @@ def settings_for(model: ChatModel, limits: ServerLimits, body: SamplingRequest,
                                   body.seed if body.seed is not None else secrets.randbits(63))
     settings.check()
     return settings
-
-
-def model_tokens(model: ChatModel, ids: list[int], settings: GenerationSettings,
-                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[int]:
-    """The request's token ids from `model`'s runner: plain decoding, or speculative decoding
-    with `model.draft` when it has one; a stop id is yielded, then generation ends.
-    `cancelled()` is asked after each token (a client that went away)."""
-    if model.draft is None:
-        yield from generate_tokens(model.runner, ids, settings, model.stop_ids,
-                                   where=f"the {model.runtime} runtime of {model.name}",
-                                   cancelled=cancelled)
-        return
-    from arkinfer.speculative import speculative_generate
-
-    settings.check()
-    for token in speculative_generate(model.runner, model.draft, ids, settings.max_tokens,
-                                      k=model.draft_k, temperature=settings.temperature,
-                                      top_p=settings.top_p, seed=settings.seed,
-                                      stop_ids=model.stop_ids):
-        yield token
-        if cancelled():
-            return
 
 
 class ChatServer:

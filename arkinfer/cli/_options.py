@@ -64,6 +64,17 @@ DenseOpt = Annotated[
     bool,
     typer.Option("--dense", help="Run dense attention even when the config has a sparse_config."),
 ]
+DraftOpt = Annotated[
+    str | None,
+    typer.Option("--draft", help="Speculative decoding on an artifact's runtime: 'lookup' (prompt "
+                 "lookup, no extra model), 'self:N' (the model's first N layers) or the folder of "
+                 "a draft model's artifact with the same tokenizer. Greedy output is plain "
+                 "decoding's; sampling keeps its distribution (docs/speculative.md)."),
+]
+DraftKOpt = Annotated[int, typer.Option("--draft-k", min=1, max=16,
+                                        help="Draft tokens per verify step.")]
+
+
 class InfLLMv2Impl(StrEnum):
     fast = "fast"
     reference = "reference"

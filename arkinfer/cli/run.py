@@ -11,7 +11,14 @@ from rich.markup import escape
 from arkinfer.chat.context import check_context
 from arkinfer.chat.text_stream import TextStream
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import DenseOpt, InfLLMv2Impl, SparseImplOpt, seed_in_range
+from arkinfer.cli._options import (
+    DenseOpt,
+    DraftKOpt,
+    DraftOpt,
+    InfLLMv2Impl,
+    SparseImplOpt,
+    seed_in_range,
+)
 from arkinfer.cli._output import err_console, terminal_safe
 from arkinfer.errors import ArkError
 
@@ -69,45 +76,30 @@ def _stream(tokens, tok) -> None:
         sys.stdout.flush()
 
 
-def _speculative(model, ids: list[int], settings, draft_spec: str, k: int):
-    """Tokens of a speculative generation with the draft `draft_spec` (docs/speculative.md),
-    then one stderr line: accepted length per verify step and the draft's acceptance."""
-    from arkinfer.pipeline.draft import parse_draft
-    from arkinfer.speculative import SpecStats, speculative_generate
-
-    draft = parse_draft(draft_spec, model.runner)
-    stats = SpecStats()
-    yield from speculative_generate(model.runner, draft, ids, settings.max_tokens, k=k,
-                                    temperature=settings.temperature, top_p=settings.top_p,
-                                    seed=settings.seed, stop_ids=frozenset(model.stop_ids),
-                                    stats=stats)
-    err_console.print(f"[dim]speculative ({escape(draft_spec)}, k={k}): {stats.steps} verify "
-                      f"steps, mean accepted length {stats.mean_accepted_length:.2f}, "
-                      f"{stats.accepted}/{stats.drafted} draft tokens accepted[/]", markup=True)
-
-
 def _run_artifact(path: str, ids_of, settings, dense: bool, infllmv2: InfLLMv2Impl,
                   draft: str | None = None, draft_k: int = 4) -> None:
     """Generate with the artifact at `path` on its own runtime (speculatively with `draft`)."""
-    from arkinfer.chat.generation import generate_tokens
-    from arkinfer.chat.model import open_chat_model
+    from arkinfer.chat.model import model_tokens, open_chat_model
+    from arkinfer.speculative import SpecStats
 
     if infllmv2 is not InfLLMv2Impl.fast:
         raise ArkError("--infllmv2 picks the reference model's InfLLM v2 implementation; an "
                        "artifact runs the attention its runtime was built with",
                        hint="drop --infllmv2, or run the model folder instead of the artifact")
-    model = open_chat_model(path, dense=dense)
+    model = open_chat_model(path, dense=dense, draft=draft, draft_k=draft_k)
     ids = ids_of(model.tokenizer)
     check_context(len(ids), settings.max_tokens, model.context,
                   limit="the artifact's context of {context} tokens, set by "
                   + model.context_source)
     err_console.print(f"[dim]{escape(terminal_safe(model.name))} · {len(ids)} prompt tokens · "
                       f"{escape(terminal_safe(model.runtime))} runtime (artifact)[/]", markup=True)
+    stats = SpecStats()
+    _stream(model_tokens(model, ids, settings, stats=stats), model.tokenizer)
     if draft is not None:
-        _stream(_speculative(model, ids, settings, draft, draft_k), model.tokenizer)
-        return
-    _stream(generate_tokens(model.runner, ids, settings, model.stop_ids,
-                            where=f"the {model.runtime} runtime of {path}"), model.tokenizer)
+        err_console.print(f"[dim]speculative ({escape(draft)}, k={draft_k}): {stats.steps} "
+                          f"verify steps, mean accepted length {stats.mean_accepted_length:.2f}, "
+                          f"{stats.accepted}/{stats.drafted} draft tokens accepted[/]",
+                          markup=True)
 
 
 @handle_errors
@@ -129,12 +121,8 @@ def command(
                                       callback=seed_in_range)] = 0,
     dense: DenseOpt = False,
     infllmv2: SparseImplOpt = InfLLMv2Impl.fast,
-    draft: Annotated[str | None, typer.Option(
-        "--draft", help="Speculative decoding on an artifact's runtime: 'lookup' (prompt "
-        "lookup, no extra model) or the folder of a draft model's artifact with the same "
-        "tokenizer. Greedy output is identical to plain decoding.")] = None,
-    draft_k: Annotated[int, typer.Option("--draft-k", min=1, max=16,
-                                         help="Draft tokens per verify step.")] = 4,
+    draft: DraftOpt = None,
+    draft_k: DraftKOpt = 4,
 ) -> None:
     from arkinfer.chat.generation import GenerationSettings
     from arkinfer.frontend.tokenizer import require_unicode

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import DenseOpt
+from arkinfer.cli._options import DenseOpt, DraftKOpt, DraftOpt
 from arkinfer.cli._output import err_console, terminal_safe
 
 HELP = ("Serve a built artifact (or a model folder, a .gguf file or 'demo' on the reference "
@@ -42,14 +42,8 @@ def command(
         "--max-queue", min=0, help="Requests that may wait behind the running one; one more "
         "gets 429.")] = 16,
     dense: DenseOpt = False,
-    draft: Annotated[str | None, typer.Option(
-        "--draft", help="Generate every request speculatively: 'lookup' (prompt lookup, no "
-        "extra model), 'self:N' (the model's first N layers) or the folder of a draft model's "
-        "artifact with the same tokenizer. Greedy output is identical to plain decoding; "
-        "sampling keeps its distribution. A runtime that cannot speculate is refused at "
-        "startup.")] = None,
-    draft_k: Annotated[int, typer.Option("--draft-k", min=1, max=16,
-                                         help="Draft tokens per verify step.")] = 4,
+    draft: DraftOpt = None,
+    draft_k: DraftKOpt = 4,
 ) -> None:
     from arkinfer.chat.app import serve_app
     from arkinfer.chat.server import ServerLimits

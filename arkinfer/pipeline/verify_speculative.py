@@ -16,10 +16,9 @@ SPEC_K = 4
 def greedy_mismatch(plain: list[int], speculative: list[int]) -> str | None:
     """None when the two token lists are equal, else where they first differ: "at generated token
     i (plain 12, speculative 40)" ("end" for a list that stops there)."""
-    if plain == speculative:
+    at = first_difference(plain, speculative)
+    if at is None:
         return None
-    at = next((i for i, (a, b) in enumerate(zip(plain, speculative)) if a != b),
-              min(len(plain), len(speculative)))
 
     def token(ids: list[int]) -> str:
         return str(ids[at]) if at < len(ids) else "end"
