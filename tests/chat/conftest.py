@@ -25,7 +25,8 @@ def demo_artifact(tmp_path_factory):
                 pytest.importorskip("llama_cpp", reason="llama-cpp-python (the [gguf] extra) "
                                     "is not installed")
             if not get_backend(backend).available():
-                pytest.skip(f"{backend}: {get_backend(backend).install_hint()}")
+                pytest.skip(f"{backend}: toolchain not installed "
+                            f"({get_backend(backend).install_hint()})")
             from arkinfer.pipeline.build import build
             from arkinfer.pipeline.plan import CalibSettings, resolve_plan
 
