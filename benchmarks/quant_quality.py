@@ -127,6 +127,14 @@ ROWS = {
                                 "instead of GPTQ under the output role's H (ablation)",
                                 dict(calib="gptq", format="gguf-q4_0", group_size=32,
                                      grid="mse", skip=(), budget=4.9), {**ACT, "tail": "rtn"}),
+    "gptq-mix-4.9-refit": Row("the same with every tensor's scales refitted to its codes "
+                              "(ablation)",
+                              dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                   skip=(), budget=4.9), {**ACT, "refit": True}),
+    "gptq-mix-4.9-w32-refit": Row("32 sensitivity windows and the scale refit (ablation)",
+                                  dict(calib="gptq", format="gguf-q4_0", group_size=32,
+                                       grid="mse", skip=(), budget=4.9), {**ACT, "refit": True},
+                                  fisher_windows=32),
     "gptq-g32-mse": Row("GPTQ g32 sym act-order checkpoint (gptq layout; Q4_0's group size)",
                         dict(calib="gptq", format="gptq", group_size=32, grid="mse",
                              desc_act=True), runtime="torch"),
@@ -275,6 +283,11 @@ def checkpoint_bits(hf: Path, summary: dict) -> float:
     return round((summary["bits_per_weight"] * linear + 16 * embed) / (linear + embed), 3)
 
 
+def set_work(folder: Path) -> None:
+    global WORK
+    WORK = folder
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -287,7 +300,11 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--work", type=Path, default=WORK,
+                    help="cache of quantised folders and GGUFs, keyed by row name: use another "
+                         "folder when changing --samples or --seq-len")
     args = ap.parse_args()
+    set_work(args.work)
     args.windows = args.windows or {"heldout": 4, "dev": 6}[args.texts]
     torch.set_num_threads(args.threads)
     from arkinfer.frontend.checkpoint import load, open_checkpoint

@@ -157,7 +157,7 @@ def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samp
     used = domains[:samples]  # fewer windows than domains: the first ones, in the corpus order
     parts, mask_parts, records = [], [], []
     for i, domain in enumerate(used):
-        stream = _stream_of(domain, render, tokenizer, eos_id)
+        stream = domain_stream(domain, render, tokenizer, eos_id)
         count = len(range(i, samples, len(used)))
         ids, mask = sample_windows(stream, count, seq_len, seed + i, pad_id=eos_id or 0)
         parts.append(ids)
@@ -209,7 +209,7 @@ def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts)[order]
 
 
-def _stream_of(domain: Domain, render, tokenizer: _Tokenizer, eos_id: int | None) -> list[int]:
+def domain_stream(domain: Domain, render, tokenizer: _Tokenizer, eos_id: int | None) -> list[int]:
     """A domain's token stream: its sequences as they are when it has ids (each sample of
     `--calib self` already starts with its prompt and ends at its stop token), else its texts
     tokenised and joined by `_stream`."""

@@ -12,6 +12,8 @@
 - `text_stream.py`: token ids to text pieces as they come (no split UTF-8 characters).
 - `model.py`: `ChatModel`, the runner with everything a chat needs.
 - `runner_queue.py`: one worker thread per runner, requests one after another.
+- `parallel_scheduler.py`: several requests at once on the gguf runtime (a llama.cpp sequence
+  each, one decode step for all of them).
 - `protocol.py`, `responses.py`, `token_channel.py`, `server.py`, `app.py`: the
   OpenAI-compatible HTTP server (FastAPI + uvicorn).
 """

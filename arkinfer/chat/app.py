@@ -2,10 +2,13 @@
 
     app = serve_app("dist/demo.host.q4_0", ServerLimits())   # then uvicorn.run(app, ...)
     app = serve_app("dist/demo.host.q4_0", draft="lookup", draft_k=4)   # speculative
+    app = serve_app("dist/demo.host.q4_0", parallel=8)   # 8 requests at once (gguf; default 4)
     app = create_app(model, ServerLimits())       # a ChatModel opened already
 
 `serve_app` opens the model, and its draft, on the runner queue's worker thread, the thread every
-generation then runs on (MLX's runner works only on the thread that loaded it).
+generation then runs on (MLX's runner works only on the thread that loaded it), unless the
+runtime runs several requests at once: then a `ParallelScheduler` thread owns a llama.cpp context
+of `parallel` sequences (parallel_scheduler.py).
 
 Every error, FastAPI's own included (a body that is not JSON, a missing field, an unknown path),
 is answered in OpenAI's error shape; an unexpected one is a 500 and the server keeps serving.
@@ -19,6 +22,11 @@ from typing import Any
 from arkinfer.errors import NotAvailableError
 
 from .model import ChatModel, open_chat_model
+from .parallel_scheduler import (
+    ParallelScheduler,
+    check_parallel_with_draft,
+    resolve_parallel,
+)
 from .protocol import ChatCompletionRequest, CompletionRequest, error_body
 from .responses import Kind
 from .runner_queue import RunnerQueue
@@ -50,28 +58,42 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
 
 
 def serve_app(target: str, limits: ServerLimits | None = None, *, dense: bool = False,
-              draft: str | None = None, draft_k: int = 4):
+              draft: str | None = None, draft_k: int = 4, parallel: int | None = None):
     """The FastAPI app serving the artifact, model folder, .gguf file or "demo" `target`, opened
     on the runner queue's worker thread (see runner_queue.py); with `draft` ("lookup", "self:N"
     or a draft artifact's folder) every request is generated speculatively, `draft_k` draft
-    tokens per verify step (a runner that cannot speculate is refused here)."""
+    tokens per verify step (a runner that cannot speculate is refused here). `parallel`:
+    requests generated at once (default 4 on a gguf artifact without a draft, else 1; > 1 where
+    the runtime queues, or with a draft, is refused here)."""
     _fastapi()  # before loading a model for minutes
+    check_parallel_with_draft(parallel, draft)
     limits = limits or ServerLimits()
     queue = RunnerQueue(limits.max_queue)
     try:
         model = queue.call(lambda: open_chat_model(target, dense=dense, draft=draft,
                                                    draft_k=draft_k))
+        scheduler = open_scheduler(model, resolve_parallel(model, parallel), limits.max_queue)
     except BaseException:
         queue.close()
         raise
-    return create_app(model, limits, queue)
+    return create_app(model, limits, queue, scheduler)
+
+
+def open_scheduler(model: ChatModel, parallel: int, max_waiting: int) -> ParallelScheduler | None:
+    """A scheduler running `parallel` requests at once on `model`'s gguf runner (a llama.cpp
+    context of `parallel` KV streams of `model.context` cells each); None for parallel = 1."""
+    if parallel == 1:
+        return None
+    return ParallelScheduler(model, model.runner.parallel_sequences(parallel, model.context),
+                             max_waiting)
 
 
 def create_app(model: ChatModel, limits: ServerLimits | None = None,
-               queue: RunnerQueue | None = None):
+               queue: RunnerQueue | None = None, scheduler: ParallelScheduler | None = None):
     """The FastAPI app serving `model` under `limits` (default ServerLimits()); generation runs
-    on `queue`'s worker thread (default: a new queue; give the one `model` was loaded on when
-    its runtime is bound to a thread)."""
+    on `scheduler` when given (several requests at once, see `open_scheduler`), else on
+    `queue`'s worker thread (default: a new queue; give the one `model` was loaded on when its
+    runtime is bound to a thread)."""
     fastapi = _fastapi()
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
@@ -79,12 +101,12 @@ def create_app(model: ChatModel, limits: ServerLimits | None = None,
     from starlette.exceptions import HTTPException
 
     limits = limits or ServerLimits()
-    server = ChatServer(model, limits, queue or RunnerQueue(limits.max_queue))
+    server = ChatServer(model, limits, queue or RunnerQueue(limits.max_queue), scheduler)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
-        server.queue.close()
+        server.close()
 
     app = fastapi.FastAPI(title=f"ArkInfer: {model.name}", lifespan=lifespan)
     app.state.chat = server
@@ -144,6 +166,7 @@ def create_app(model: ChatModel, limits: ServerLimits | None = None,
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model.name, "runtime": model.runtime,
                 "draft": None if model.draft is None else model.draft.name,
-                "requests_admitted": server.queue.admitted}
+                "parallel": server.parallel, "requests_admitted": server.admitted,
+                "max_batch": server.scheduler.max_batch if server.scheduler else 1}
 
     return app

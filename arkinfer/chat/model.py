@@ -8,7 +8,8 @@
 
 An artifact is opened with `load_runner` (its file hashes checked first); a model folder, a .gguf
 file or "demo" runs on ArkInfer's PyTorch reference model (`ReferenceRunner`). With a draft
-("lookup", "self:N" or a draft artifact's folder: `arkinfer.pipeline.draft.parse_draft`) the model
+("lookup", "self:N", an EAGLE-3 head or a draft artifact's folder:
+`arkinfer.pipeline.draft.parse_draft`; by default the draft the artifact carries) the model
 generates speculatively (docs/speculative.md); a runner that cannot verify drafts is refused here,
 before the server starts.
 """
@@ -76,16 +77,31 @@ def open_chat_model(target: str | Path, *, dense: bool = False, draft: str | Non
     """The artifact folder `target` (it holds arkinfer.json) on its own runtime, else the model
     folder, .gguf file or "demo" `target` on the reference model. `dense`: dense attention on
     InfLLM v2 models (NotAvailableError from a runtime that cannot switch). `draft`: generate
-    speculatively with that draft, `draft_k` tokens per step (see `attach_draft`)."""
+    speculatively with that draft, `draft_k` tokens per step (see `attach_draft`); None: the
+    draft the artifact carries (`build --draft`), if any; "none": plain decoding."""
     from arkinfer.pipeline.artifact import is_artifact
 
     if is_artifact(target):
         model = _open_artifact(Path(target), dense)
+        if draft is None:
+            _attach_carried_draft(model, Path(target), draft_k)
     else:
         model = _open_model(str(target), dense)
-    if draft is not None:
+    if draft not in (None, "none"):
         attach_draft(model, draft, draft_k)
     return model
+
+
+def _attach_carried_draft(model: ChatModel, path: Path, k: int) -> None:
+    """The artifact's own draft (manifest["draft"]), where it has one its runner can run."""
+    from arkinfer.pipeline import manifest as mf
+    from arkinfer.pipeline.draft_artifact import artifact_draft
+    from arkinfer.speculative.engine import check_target
+
+    manifest = mf.read_manifest(path)
+    if manifest.get("draft"):
+        check_target(model.runner, k)
+        model.draft, model.draft_k = artifact_draft(path, manifest, model.runner), k
 
 
 def attach_draft(model: ChatModel, spec: str, k: int) -> None:

@@ -11,9 +11,11 @@
 Requests are checked before they reach the runner, each refusal a 4xx in OpenAI's error shape
 ({"error": {"message", "type", "param", "code"}}): a malformed body (400), max_tokens above the
 server's limit (400), a prompt plus max_tokens over the context (400, code
-"context_length_exceeded"), more than `max_queue` requests waiting (429). Generation runs on the
-runner's one worker thread (`RunnerQueue`), so concurrent requests are served one after another
-and each gets the tokens it would get alone. A model opened with a draft (`serve --draft`)
+"context_length_exceeded"), more than `max_queue` requests waiting (429). On a gguf artifact up to
+`parallel` requests run at once, a llama.cpp sequence each (`ParallelScheduler`,
+parallel_scheduler.py); elsewhere generation runs on the runner's one worker thread
+(`RunnerQueue`), one request after another. Either way each request gets the tokens it would get
+alone. A model opened with a draft (`serve --draft`) runs on the queue and
 generates speculatively: greedy requests get exactly the tokens of plain decoding, sampled ones
 tokens with its distribution (the rejection rule of arkinfer/speculative/rejection.py).
 """
@@ -31,6 +33,7 @@ from arkinfer.errors import ArkError
 from .context import ContextError, check_context
 from .generation import GenerationSettings
 from .model import ChatModel, model_tokens
+from .parallel_scheduler import ParallelScheduler
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -56,7 +59,7 @@ class GenerationFailed(Exception):
 @dataclass(frozen=True)
 class ServerLimits:
     """max_tokens: the most tokens one request may ask for (also the default when it asks for
-    none, cut to the context left); max_queue: requests that may wait behind the running one."""
+    none, cut to the context left); max_queue: requests that may wait behind the running ones."""
 
     max_tokens: int = 2048
     max_queue: int = 16
@@ -87,15 +90,35 @@ def settings_for(model: ChatModel, limits: ServerLimits, body: SamplingRequest,
 
 
 class ChatServer:
-    """The endpoints' work: encode, check, queue, generate, answer."""
+    """The endpoints' work: encode, check, queue, generate, answer. Generation runs on
+    `scheduler` when given (several requests at once), else on `queue`'s worker thread."""
 
-    def __init__(self, model: ChatModel, limits: ServerLimits, queue: RunnerQueue) -> None:
-        self.model, self.limits, self.queue = model, limits, queue
+    def __init__(self, model: ChatModel, limits: ServerLimits, queue: RunnerQueue,
+                 scheduler: ParallelScheduler | None = None) -> None:
+        self.model, self.limits, self.queue, self.scheduler = model, limits, queue, scheduler
         self.started = int(time.time())
+
+    @property
+    def parallel(self) -> int:
+        """Requests generated at once (1: one after another on the queue)."""
+        return 1 if self.scheduler is None else self.scheduler.n_seq
+
+    @property
+    def admitted(self) -> int:
+        """Requests running or waiting."""
+        return (self.queue if self.scheduler is None else self.scheduler).admitted
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+        self.queue.close()
 
     def _start(self, ids: list[int], settings: GenerationSettings) -> TokenChannel:
         """Queue the generation (QueueFullError at once when the queue is full)."""
         channel = TokenChannel(asyncio.get_running_loop())
+        if self.scheduler is not None:
+            self.scheduler.submit(ids, settings, channel)
+            return channel
         model = self.model
 
         def job() -> None:

@@ -67,8 +67,10 @@ DenseOpt = Annotated[
 DraftOpt = Annotated[
     str | None,
     typer.Option("--draft", help="Speculative decoding on an artifact's runtime: 'lookup' (prompt "
-                 "lookup, no extra model), 'self:N' (the model's first N layers) or the folder of "
-                 "a draft model's artifact with the same tokenizer. Greedy output is plain "
+                 "lookup, no extra model), 'self:N' (the model's first N layers), an EAGLE-3 "
+                 "head's folder (eagle3:PATH; eagle3:demo for the demo model), the folder of a "
+                 "draft model's artifact with the same tokenizer, or 'none'. Default: the draft "
+                 "the artifact carries (build --draft), if any. Greedy output is plain "
                  "decoding's; sampling keeps its distribution (docs/speculative.md)."),
 ]
 DraftKOpt = Annotated[int, typer.Option("--draft-k", min=1, max=16,

@@ -110,8 +110,9 @@ def command(
     ] = False,
     draft: Annotated[str | None, typer.Option(
         "--draft", help="With --speculative: the draft, in any form `arkinfer run --draft` "
-        "takes: 'lookup' (prompt lookup, the default) or the folder of a draft model's artifact "
-        "with the same tokenizer.")] = None,
+        "takes: 'lookup', 'self:N', an EAGLE-3 head's folder or a draft model's artifact with "
+        "the same tokenizer. Default: the draft the artifact carries (build --draft), else "
+        "lookup.")] = None,
     draft_k: Annotated[int | None, typer.Option(
         "--draft-k", min=1, max=16, help="With --speculative: draft tokens per verify step "
         "(default 4).")] = None,
@@ -163,6 +164,7 @@ def command(
         write_plot,
     )
     from arkinfer.pipeline.draft import parse_draft
+    from arkinfer.pipeline.draft_artifact import artifact_draft
 
     if threads is not None:
         import torch
@@ -189,7 +191,9 @@ def command(
 
             if speculative:  # every refusal before anything is timed
                 prompt = speculative_prompt(runner, manifest, spec, context)
-                drafter = parse_draft(draft or "lookup", runner)
+                drafter = (parse_draft(draft, runner) if draft else
+                           artifact_draft(artifact, manifest, runner)
+                           or parse_draft("lookup", runner))
             predictor = host_predictor(manifest, raw) if raw else None
             rows = run_bench(runner, manifest, spec, predictor=predictor, progress=progress,
                              context=context)

@@ -27,6 +27,7 @@ EXAMPLES = [
     "arkinfer build ./MiniCPM4.1-8B --target jetson-orin --quant marlin",
     "arkinfer build ./smollm2-hf --target rpi5 --quant q4_0 -o dist/smollm2-rpi5",
     "arkinfer build demo --target host --quant ternary --threshold ppl_delta=2 --json",
+    "arkinfer build demo --target host --quant q4_0 --draft eagle3:demo --draft-vocab 640",
 ]
 
 
@@ -107,6 +108,14 @@ def command(
     option: Annotated[list[str] | None, typer.Option(
         "--option", help="Backend option KEY=VALUE (repeatable); each backend declares its own "
         "keys, and an unknown key is refused before any work with that backend's list.")] = None,
+    draft: Annotated[str | None, typer.Option(
+        "--draft", help="A draft carried in the artifact, which run, serve and bench --speculative "
+        "then use by default: an EAGLE-3 head's folder (eagle3:PATH; eagle3:demo is the demo's), "
+        "'lookup', 'self:N' or a draft artifact's folder (docs/speculative.md).")] = None,
+    draft_vocab: Annotated[int | None, typer.Option(
+        "--draft-vocab", min=1, help="FR-Spec: keep only the K tokens most frequent in the "
+        "calibration text in the draft head's LM head (e.g. 30 % of the vocabulary); the "
+        "target still verifies on the full vocabulary, so output is unchanged.")] = None,
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -118,7 +127,8 @@ def command(
     # KEY=VALUE strings: the plan checks them against the keys the chosen backend declares
     plan = resolve_plan(model, target=target, quant=quant, backend=backend, out=out,
                         calib=CalibSettings(calib, samples, seq_len, report=report),
-                        options=option or [], force=force)
+                        options=option or [], force=force, draft=draft,
+                        draft_vocab=draft_vocab)
     if not json_out:
         print_kv("build plan", plan.describe())
         for note in plan.notes:
@@ -147,6 +157,7 @@ def command(
         *([("quantisation alone", "KL vs float on the verify prompts "
             + describe_quality(m["verification"]["fidelity"]["quantisation"]))]
           if "quantisation" in m["verification"].get("fidelity", {}) else []),
+        *([("draft", _draft_line(m))] if m.get("draft") else []),
         ("notes", "; ".join(m["backend"]["notes"]) or "-"),
     ])
     console.print(terminal_safe(f"next: arkinfer bench {result.path}"))
@@ -155,3 +166,13 @@ def command(
 def _fidelity(f: dict) -> str:
     return (f"top-1 {f['top1_agreement']:.3f} (>= {f['threshold_top1']}), max |logit diff| "
             f"{f['max_abs_logit_diff']:.3g} vs the reference model on {f['reference_weights']}")
+
+
+def _draft_line(m: dict) -> str:
+    """The carried draft and what verify's speculative check found with it."""
+    d, spec = m["draft"], m["verification"].get("speculative", {})
+    vocab = (f", draft vocabulary {d['draft_vocab_size']} of {d['vocab_size']}"
+             if d.get("draft_vocab_size") else "")
+    check = (f"; greedy speculative = plain on the verify prompts, mean accepted length "
+             f"{spec['mean_accepted_length']:.2f}" if spec.get("identical") else "")
+    return f"{d['source']} ({d['kind']}{vocab}){check}"

@@ -95,8 +95,9 @@ def _run_artifact(path: str, ids_of, settings, dense: bool, infllmv2: InfLLMv2Im
                       f"{escape(terminal_safe(model.runtime))} runtime (artifact)[/]", markup=True)
     stats = SpecStats()
     _stream(model_tokens(model, ids, settings, stats=stats), model.tokenizer)
-    if draft is not None:
-        err_console.print(f"[dim]speculative ({escape(draft)}, k={draft_k}): {stats.steps} "
+    if model.draft is not None:
+        err_console.print(f"[dim]speculative ({escape(model.draft.name)}, k={draft_k}): "
+                          f"{stats.steps} "
                           f"verify steps, mean accepted length {stats.mean_accepted_length:.2f}, "
                           f"{stats.accepted}/{stats.drafted} draft tokens accepted[/]",
                           markup=True)
@@ -140,7 +141,7 @@ def command(
         _run_artifact(model, ids_of, GenerationSettings(max_tokens, temperature, top_p, seed),
                       dense, infllmv2, draft, draft_k)
         return
-    if draft is not None:
+    if draft not in (None, "none"):
         raise ArkError(f"--draft {draft!r} speculates on an artifact's runtime; {model!r} is "
                        "not an artifact folder", hint="build one first (arkinfer build MODEL "
                        "--target host) and run the artifact folder with --draft")

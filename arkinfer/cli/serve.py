@@ -14,14 +14,17 @@ from arkinfer.cli._output import err_console, terminal_safe
 HELP = ("Serve a built artifact (or a model folder, a .gguf file or 'demo' on the reference "
         "model) over HTTP with OpenAI's API: POST /v1/chat/completions (through the chat "
         "template) and /v1/completions (plain text), both with `stream: true` as server-sent "
-        "events, GET /v1/models and /health. Requests run one after another on the runtime (it "
-        "holds one KV cache), each with the tokens it would get alone; beyond --max-queue "
-        "waiting requests the server answers 429. A prompt plus max_tokens over the context, "
-        "or max_tokens over --max-tokens-limit, is a 400. With --draft every request is generated "
-        "speculatively (greedy: the same tokens as without). See docs/serving.md.")
+        "events, GET /v1/models and /health. On a gguf artifact up to --parallel requests "
+        "(default 4) run at once, a llama.cpp sequence each; other runtimes run them one after "
+        "another (one KV cache). Each request gets the tokens it would get alone; beyond "
+        "--max-queue waiting requests the server answers 429. A prompt plus max_tokens over the "
+        "context, or max_tokens over --max-tokens-limit, is a 400. With --draft every request is "
+        "generated speculatively, one at a time (greedy: the same tokens as without). See "
+        "docs/serving.md.")
 EXAMPLES = [
     "arkinfer serve dist/demo.host.q4_0",
     "arkinfer serve dist/demo.host.q4_0 --port 8081 --max-tokens-limit 512 --max-queue 4",
+    "arkinfer serve dist/demo.host.q4_0 --parallel 8",
     "arkinfer serve demo --host 0.0.0.0",
     "arkinfer serve dist/demo.host.q4_0 --draft lookup --draft-k 4",
     "arkinfer serve dist/demo.host.q4_0 --draft self:2",
@@ -39,8 +42,13 @@ def command(
         "--max-tokens-limit", min=1, help="The most tokens one request may ask for; also the "
         "default when it asks for none (cut to the context left).")] = 2048,
     max_queue: Annotated[int, typer.Option(
-        "--max-queue", min=0, help="Requests that may wait behind the running one; one more "
+        "--max-queue", min=0, help="Requests that may wait behind the running ones; one more "
         "gets 429.")] = 16,
+    parallel: Annotated[int | None, typer.Option(
+        "--parallel", min=1, help="Requests generated at once. gguf artifacts: default 4, a "
+        "KV cache of the context's size per request (--parallel 8 holds 8 x the context); "
+        "1 runs them one after another. Other runtimes and --draft queue requests one at a "
+        "time: --parallel above 1 is refused there.")] = None,
     dense: DenseOpt = False,
     draft: DraftOpt = None,
     draft_k: DraftKOpt = 4,
@@ -49,7 +57,7 @@ def command(
     from arkinfer.chat.server import ServerLimits
 
     app = serve_app(model, ServerLimits(max_tokens=max_tokens_limit, max_queue=max_queue),
-                    dense=dense, draft=draft, draft_k=draft_k)
+                    dense=dense, draft=draft, draft_k=draft_k, parallel=parallel)
     import uvicorn
 
     chat = app.state.chat.model
@@ -57,6 +65,7 @@ def command(
                       f"{escape(terminal_safe(chat.name))} · context {chat.context} tokens · "
                       + (f"draft {escape(terminal_safe(chat.draft.name))}, k={chat.draft_k} · "
                          if chat.draft is not None else "") +
+                      f"{app.state.chat.parallel} at once · " +
                       f"serving on http://{escape(terminal_safe(host))}:{port}/v1[/]",
                       markup=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -22,3 +22,13 @@ def demo_model_path() -> Path:
             f"the demo model is missing from {folder}",
             hint="reinstall ArkInfer, or regenerate it: python examples/demo_model/train_demo_model.py")
     return folder
+
+
+def demo_eagle3_path() -> Path:
+    """The folder of the EAGLE-3 draft head trained for the demo model (shipped beside it)."""
+    folder = demo_model_path() / "eagle3"
+    if not (folder / "config.json").exists():
+        raise CheckpointError(
+            f"the demo's EAGLE-3 head is missing from {folder}",
+            hint="reinstall ArkInfer, or train it: python examples/eagle3/train_eagle3_head.py")
+    return folder

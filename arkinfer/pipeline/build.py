@@ -33,6 +33,7 @@ from arkinfer.output_folder import (make_staging, remove_leftovers, remove_work_
                                     replace_folder)
 
 from . import manifest as mf
+from .draft_artifact import artifact_draft, write_draft
 from .plan import BuildPlan, check_artifact_output
 from .verify import VerifyError, backend_fidelity, float_reference, verify_runner
 
@@ -154,6 +155,7 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
                            options=plan.options, progress=rep.step, program=program)
     lowered = backend.lower(request)
     remove_work_folder(work)  # the quantised folder is no longer needed
+    draft = write_draft(plan.draft, plan.draft_vocab, ckpt, plan.calib.path, staging, rep.step)
     if in_lower:
         _fill_from_lower(quant_record, lowered)
     done("lower", f"{len(lowered.files)} files" + (
@@ -163,8 +165,9 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
     partial = {"backend": {"name": plan.backend}, "quant": {"scheme": plan.quant}}
     runner = backend.load(staging, partial)
     reference = float_reference(plan.source, runner, rep.step)  # recorded once, used twice
-    verification = verify_runner(runner, plan.source, plan.recipe, plan.dtype,
-                                 threshold_overrides, rep.step, reference)
+    verification = verify_runner(
+        runner, plan.source, plan.recipe, plan.dtype, threshold_overrides, rep.step, reference,
+        draft_of=(lambda r: artifact_draft(staging, {"draft": draft}, r)) if draft else None)
     # The quantised weights alone against the float model (`fidelity.quantisation`), measured
     # only where it is another number than verify's: a backend with reference weights runs
     # them in its own runtime (llama.cpp, onnxruntime, ...), so verify's KL is quantisation plus
@@ -206,6 +209,7 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
                    compressed_key_bytes(cfg, 65536) / 65536 if sparse else None},
         "prediction": predict_for(plan),
         "verification": verification,
+        "draft": draft,
     }
 
 

@@ -1,9 +1,11 @@
 """How the user names a draft (`--draft SOURCE`; here, beside `artifact.py`, because a draft can be
-an artifact folder): "lookup", "self:N", or the folder of an artifact
-whose tokenizer is the target's."""
+an artifact folder): "lookup", "self:N", the folder of an EAGLE-3 head (its config.json names
+`LlamaForCausalLMEagle3`; "eagle3:demo" is the head shipped for the demo model), or the folder of
+an artifact whose tokenizer is the target's."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from arkinfer.backend import Runner
@@ -13,7 +15,9 @@ from arkinfer.speculative.lookup import LookupDraft
 from arkinfer.speculative.model_draft import ModelDraft
 from arkinfer.speculative.self_draft import self_draft
 
-DRAFT_FORMS = "'lookup', 'self:N' (the target's first N layers) or an artifact folder"
+DRAFT_FORMS = ("'lookup', 'self:N' (the target's first N layers), an EAGLE-3 head's folder "
+               "('eagle3:demo': the demo's) or an artifact folder")
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
 def parse_draft(spec: str, target: Runner) -> Draft:
@@ -29,7 +33,13 @@ def parse_draft(spec: str, target: Runner) -> Draft:
             raise ArkError(f"--draft {spec!r}: N in self:N must be a number of layers >= 1",
                            hint="e.g. --draft self:2")
         return self_draft(target, int(layers))  # checks 1 <= N < the target's layer count
-    path = Path(spec)
+    if spec == "eagle3:demo":
+        from arkinfer.frontend.demo import demo_eagle3_path
+
+        return eagle3_draft(demo_eagle3_path(), target)
+    path = Path(spec.removeprefix("eagle3:"))
+    if spec.startswith("eagle3:") or is_eagle3_head(path):
+        return eagle3_draft(path, target)
     if not path.is_dir():
         raise ArkError(f"--draft {spec!r} is not a draft: use {DRAFT_FORMS}",
                        hint="e.g. --draft lookup, or --draft dist/small.host.q4_0")
@@ -37,3 +47,31 @@ def parse_draft(spec: str, target: Runner) -> Draft:
 
     _, runner = load_runner(path)
     return ModelDraft(runner, target, name=path.name)
+
+
+def is_eagle3_head(path: Path) -> bool:
+    """Whether `path` is a folder whose config.json names the EAGLE-3 head architecture."""
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        raw = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+    return EAGLE3_ARCHITECTURE in (raw.get("architectures") or [])
+
+
+def eagle3_draft(path: Path, target: Runner) -> Draft:
+    """The EAGLE-3 head at `path` as a draft for `target`: loaded strictly and checked against
+    the target (vocabulary, hidden size, layer count) before any weight is read."""
+    from arkinfer.speculative.eagle3_draft import Eagle3Draft
+    from arkinfer.speculative.eagle3_head import load_eagle3
+
+    if not path.is_dir():
+        raise ArkError(f"--draft eagle3:{path}: no such folder", hint="give the folder of an "
+                       "EAGLE-3 head (config.json + model.safetensors)")
+    head = load_eagle3(path, target_vocab_size=target.vocab_size,
+                       target_hidden_size=getattr(target, "hidden_size", None) or None,
+                       target_layers=getattr(target, "layer_count", None) or None,
+                       target_embeddings=getattr(target, "input_embeddings", None))
+    return Eagle3Draft(head, target, name=f"eagle3:{path.name}")

@@ -56,6 +56,8 @@ class BuildPlan:
     calib: CalibSettings = field(default_factory=CalibSettings)
     options: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    draft: str | None = None  # `--draft SOURCE` carried by the artifact (draft_artifact.py)
+    draft_vocab: int | None = None  # `--draft-vocab K`: FR-Spec's reduced draft LM head
 
     def describe(self) -> list[tuple[str, str]]:
         arch = self.raw_config.get("architectures", [self.raw_config.get("model_type", "?")])
@@ -70,6 +72,9 @@ class BuildPlan:
                 ("calibration", calib if self.calib.needed(self.recipe) else
                  "none (weight-only recipe: codes from the weights alone)"
                  if self.recipe is not None else "-"),
+                *([("draft", self.draft + (f" (FR-Spec: {self.draft_vocab} most frequent "
+                                            "tokens)" if self.draft_vocab else ""))]
+                  if self.draft else []),
                 ("output", str(self.out))]
 
     def as_dict(self) -> dict[str, Any]:
@@ -81,7 +86,8 @@ class BuildPlan:
                                 "samples": self.calib.samples, "seq_len": self.calib.seq_len,
                                 "seed": self.calib.seed,
                                 "used": self.calib.needed(self.recipe)},
-                "options": self.options, "notes": self.notes}
+                "options": self.options, "notes": self.notes, "draft": self.draft,
+                "draft_vocab": self.draft_vocab}
 
 
 def check_artifact_output(out: Path, source: Path, *, force: bool) -> None:
@@ -129,14 +135,16 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
                  backend: str | None = None, out: Path | None = None,
                  calib: CalibSettings | None = None,
                  options: Mapping[str, str] | Iterable[str] | None = None,
-                 force: bool = False) -> BuildPlan:
+                 force: bool = False, draft: str | None = None,
+                 draft_vocab: int | None = None) -> BuildPlan:
     """Check every option and return the plan; raises ArkError subclasses naming alternatives.
 
     `options`: the backend's options as a mapping or the CLI's `KEY=VALUE` strings, checked
     against the keys the backend declares (`arkinfer.backend.check_backend_options`).
 
     `--quant` is resolved by `arkinfer.resolve` (the same resolver `plan` and `quantize` use),
-    then the backend must be registered and installed and its preflight must pass."""
+    then the backend must be registered and installed and its preflight must pass. `draft`
+    (`--draft`) and `draft_vocab` (`--draft-vocab`) are checked against the model here too."""
     from arkinfer.targets import load_target
 
     tgt = load_target(target)
@@ -154,8 +162,11 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
 
         check_calibration_size(c.samples, c.seq_len, raw.get("max_position_embeddings"),
                                raw.get("hidden_size"))
+    from .draft_artifact import check_draft_request
+
+    check_draft_request(draft, draft_vocab, raw, name)
     model_name = model_name_of(model, source)
     out = Path(out) if out is not None else default_out(model_name, tgt.id, r.scheme)
     check_artifact_output(out, source, force=force)
     return BuildPlan(model, source, model_name, raw, tgt, name, r.scheme, r.recipe, r.dtype, out,
-                     c, opts, notes)
+                     c, opts, notes, draft, draft_vocab)

@@ -22,9 +22,10 @@ from arkinfer.errors import ArkError
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
 from arkinfer.generate import forward_checked
 from arkinfer.models.minicpm import SparseLayerCache, carried_state
+from arkinfer.speculative.taps import HiddenTaps, RecordsTaps, check_tap_layers
 
 
-class ReferenceRunner(RunnerBase):
+class ReferenceRunner(RecordsTaps, RunnerBase):
     """The reference model over `model_dir`; `dense=True` forces dense attention on sparse-config
     (InfLLM v2) models, which otherwise run InfLLM v2 above `dense_len`. It is the ground truth
     verify compares every backend's runner with, and the `reference` backend's runner."""
@@ -38,12 +39,24 @@ class ReferenceRunner(RunnerBase):
         self.tokenizer = self.ckpt.tokenizer
         self.vocab_size = int(self.ckpt.config.vocab_size)
         self.set_attention("dense" if dense else "sparse")
+        self._taps: HiddenTaps | None = None
+        self._tapped: list[torch.Tensor] | None = None  # filled by the layer hooks in _step
+        self._tap_hooks: list = []
         self.reset()
 
     @property
     def layer_count(self) -> int:
         """Decoder layers of the model this runner runs."""
         return len(self.model.model.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def input_embeddings(self) -> torch.Tensor:
+        """The token embedding table [V, H] (before any embedding scale)."""
+        return self.model.model.embed_tokens.weight.detach()
 
     def first_layers(self, n: int) -> ReferenceRunner:
         """A runner over this model's first `n` decoder layers, its final norm and its LM head
@@ -56,6 +69,7 @@ class ReferenceRunner(RunnerBase):
                            hint=f"e.g. first_layers({max(1, self.layer_count // 2)})")
         draft = copy.copy(self)
         draft.model = early_exit_model(self.model, n)
+        draft._taps, draft._tap_hooks = None, []  # the hooks on shared layers record for self only
         draft.reset()
         return draft
 
@@ -70,13 +84,49 @@ class ReferenceRunner(RunnerBase):
     def reset(self) -> None:
         self._cache = self.model.empty_cache(1)
         self._pos = 0
+        if self._taps is not None:
+            self._taps.clear()
+
+    def enable_taps(self, layers) -> None:
+        """Record, from now on, the hidden states at the input of decoder layers `layers` (EAGLE-3's
+        taps, arkinfer/speculative/taps.py) of every position this runner evaluates, by forward
+        pre-hooks on those layers; `taps` then holds one row per cached position."""
+        layers = check_tap_layers(layers, self.layer_count, f"the model of {self.ckpt.path}")
+        slots = {i: j for j, i in enumerate(layers)}
+
+        def hook(index):
+            def record(_module, args):
+                if self._tapped is not None:  # this runner's forward (layers may be shared)
+                    self._tapped[slots[index]] = args[0][0].detach()
+            return record
+
+        for handle in self._tap_hooks:
+            handle.remove()
+        self._tap_hooks = [self.model.model.layers[i].register_forward_pre_hook(hook(i))
+                           for i in sorted(slots)]
+        self._taps = HiddenTaps(layers)
+        self.reset()
+
+    def disable_taps(self) -> None:
+        """Stop recording taps (the hooks are removed); the cache starts empty."""
+        for handle in self._tap_hooks:
+            handle.remove()
+        self._tap_hooks, self._taps = [], None
+        self.reset()
 
     @torch.no_grad()
     def _step(self, ids: list[int]) -> torch.Tensor:
         x = torch.tensor([ids], dtype=torch.long)
         positions = torch.arange(self._pos, self._pos + len(ids))
-        logits, self._cache = forward_checked(self.model, x, positions, self._cache,
-                                              f"the reference model of {self.ckpt.path}")
+        if self._taps is not None:
+            self._tapped = [None] * len(self._taps.layers)
+        try:
+            logits, self._cache = forward_checked(self.model, x, positions, self._cache,
+                                                  f"the reference model of {self.ckpt.path}")
+            if self._taps is not None:
+                self._taps.append(self._tapped)
+        finally:
+            self._tapped = None
         self._pos += len(ids)
         return logits[0].float()
 
@@ -111,6 +161,8 @@ class ReferenceRunner(RunnerBase):
             state = carried_state(SparseLayerCache(k, v, getattr(layer, "infllm", None)))
             cut.append(SparseLayerCache(k, v, state) if state is not None else (k, v))
         self._cache, self._pos = cut, n
+        if self._taps is not None:
+            self._taps.truncate(n)
 
 
 def early_exit_model(model: nn.Module, n: int) -> nn.Module:

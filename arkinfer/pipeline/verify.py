@@ -346,11 +346,12 @@ def _finite(value: Any) -> bool:
 
 
 def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
-                  step: Callable[[str], None], reference: RecordedLogits | None = None
-                  ) -> dict[str, Any]:
+                  step: Callable[[str], None], reference: RecordedLogits | None = None,
+                  draft_of: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """Parity of `runner` against the float reference of `source` (see pipeline/verify.py);
     `reference`: `float_reference(source, runner)` recorded already (the build passes it on to
-    `backend_fidelity` too)."""
+    `backend_fidelity` too). `draft_of(runner)`: the artifact's own draft, which the speculative
+    check then uses instead of prompt lookup."""
     # Like with like: a runtime that always runs dense attention (llama.cpp on MiniCPM4) is
     # compared with the float model run dense; the manifest's `attention` says which.
     reference = reference or float_reference(source, runner, step)
@@ -365,7 +366,7 @@ def verify_runner(runner, source: Path, recipe, dtype: str, threshold_overrides,
                         "artifact's runtime tokenises the prompts differently)")
     from .verify_speculative import speculative_check
 
-    speculative = speculative_check(runner, prompts, step)
+    speculative = speculative_check(runner, prompts, step, draft_of=draft_of)
     if "failure" in speculative:
         failures.append(speculative["failure"])
     result = {"passed": not failures, "thresholds": thresholds.as_dict(), "metrics": metrics,

@@ -68,10 +68,12 @@ def near_tie(runner, prompt: list[int], plain: list[int], speculative: list[int]
 
 
 def speculative_check(runner, prompts: list[list[int]],
-                      step: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Greedy speculative decoding with a prompt-lookup draft (k = SPEC_K) against plain greedy
+                      step: Callable[[str], None] | None = None,
+                      draft_of: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """Greedy speculative decoding with a prompt-lookup draft (or `draft_of(runner)`: the
+    artifact's own draft, made once the runner is known to speculate; k = SPEC_K) against plain greedy
     decoding, SPEC_TOKENS tokens after each prompt that fits the runner's cache. Returns
-    {"checked": True, "draft": "lookup", "k", "identical", "prompts", "tokens",
+    {"checked": True, "draft": its name, "k", "identical", "prompts", "tokens",
     "mean_accepted_length", "acceptance_rate"} (+ "failure" naming the prompt and the first
     differing token when not identical and not a near tie; + "near_ties": [{"prompt", "at",
     "logit_gap", "kernel_difference"}] for differences `near_tie` explains), or {"checked": False, "reason"} for a runner that does
@@ -92,7 +94,8 @@ def speculative_check(runner, prompts: list[list[int]],
     if not fits:
         return {"checked": False, "reason": f"no verify prompt plus {SPEC_TOKENS} tokens fits "
                 f"the runner's cache of {context} tokens"}
-    draft, total, tokens = LookupDraft(), SpecStats(), 0
+    draft = draft_of(runner) if draft_of is not None else LookupDraft()
+    total, tokens = SpecStats(), 0
     out = {"checked": True, "draft": draft.name, "k": SPEC_K, "identical": True,
            "prompts": len(fits)}
     for i, ids in enumerate(fits):

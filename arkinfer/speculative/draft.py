@@ -31,3 +31,6 @@ class Draft(Protocol):
     def propose(self, context: list[int], k: int, temperature: float, top_p: float,
                 gen: torch.Generator) -> Proposal:
         """At most `k` tokens to follow `context` (the prompt and every token emitted so far)."""
+
+    # Optional: `finish()`, called when a generation ends (however it ends), undoes what
+    # `reset()` changed on the target (the EAGLE-3 draft turns the target's taps off).

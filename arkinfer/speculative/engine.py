@@ -48,46 +48,51 @@ def speculative_generate(target: Runner, draft: Draft, prompt_ids: list[int],
     check_target(target, k)
     stats = stats if stats is not None else SpecStats()
     gen = torch.Generator().manual_seed(seed)
-    target.reset()
-    draft.reset()
-    start = perf_counter()
-    where = type(target).__name__
-    logits = target.prefill(list(prompt_ids))
-    require_finite(logits, where)
-    stats.prefill_s += perf_counter() - start
-    if max_new_tokens == 0:
-        return
-    token = sample_next(logits, temperature, top_p, gen)
-    context = [*prompt_ids, token]
-    stats.emitted = 1
-    yield token
-    if token in stop_ids or stats.emitted == max_new_tokens:
-        return
-    cached = len(prompt_ids)  # the target's cache: context[:-1]
-    while True:
-        # more than `left - 1` draft tokens could never be emitted (the target adds one)
-        room = min(k, max_new_tokens - stats.emitted - 1)
+    try:
+        target.reset()
+        draft.reset()
         start = perf_counter()
-        proposal = draft.propose(context, room, temperature, top_p, gen) if room else Proposal([])
-        stats.draft_s += perf_counter() - start
-        start = perf_counter()
-        rows = target.extend([context[-1], *proposal.tokens])
-        require_finite(rows, where)
-        if temperature <= 0:
-            accepted, nxt = verify_greedy(rows, proposal.tokens)
-        else:
-            accepted, nxt = verify_sampled(sampling_probs(rows, temperature, top_p),
-                                           proposal.tokens, proposal.q, gen)
-        if accepted < len(proposal.tokens):
-            target.truncate(cached + 1 + accepted)
-        cached += 1 + accepted
-        stats.verify_s += perf_counter() - start
-        stats.steps += 1
-        stats.drafted += len(proposal.tokens)
-        stats.accepted += accepted
-        for token in [*proposal.tokens[:accepted], nxt]:
-            context.append(token)
-            stats.emitted += 1
-            yield token
-            if token in stop_ids or stats.emitted == max_new_tokens:
-                return
+        where = type(target).__name__
+        logits = target.prefill(list(prompt_ids))
+        require_finite(logits, where)
+        stats.prefill_s += perf_counter() - start
+        if max_new_tokens == 0:
+            return
+        token = sample_next(logits, temperature, top_p, gen)
+        context = [*prompt_ids, token]
+        stats.emitted = 1
+        yield token
+        if token in stop_ids or stats.emitted == max_new_tokens:
+            return
+        cached = len(prompt_ids)  # the target's cache: context[:-1]
+        while True:
+            # more than `left - 1` draft tokens could never be emitted (the target adds one)
+            room = min(k, max_new_tokens - stats.emitted - 1)
+            start = perf_counter()
+            proposal = draft.propose(context, room, temperature, top_p, gen) if room else Proposal([])
+            stats.draft_s += perf_counter() - start
+            start = perf_counter()
+            rows = target.extend([context[-1], *proposal.tokens])
+            require_finite(rows, where)
+            if temperature <= 0:
+                accepted, nxt = verify_greedy(rows, proposal.tokens)
+            else:
+                accepted, nxt = verify_sampled(sampling_probs(rows, temperature, top_p),
+                                               proposal.tokens, proposal.q, gen)
+            if accepted < len(proposal.tokens):
+                target.truncate(cached + 1 + accepted)
+            cached += 1 + accepted
+            stats.verify_s += perf_counter() - start
+            stats.steps += 1
+            stats.drafted += len(proposal.tokens)
+            stats.accepted += accepted
+            for token in [*proposal.tokens[:accepted], nxt]:
+                context.append(token)
+                stats.emitted += 1
+                yield token
+                if token in stop_ids or stats.emitted == max_new_tokens:
+                    return
+    finally:  # a draft that changed the target (EAGLE-3 taps) puts it back
+        finish = getattr(draft, "finish", None)
+        if finish is not None:
+            finish()

@@ -11,10 +11,14 @@ apart and runs dense (it says so once on stderr).
     seqs = ParallelSequences(runner.llm, n_seq=2, n_ctx_seq=2048)
     out = seqs.step({0: prompt_a, 1: prompt_b})   # one llama_decode; {seq: logits [T, V] fp32}
     out = seqs.step({0: [tok_a], 1: [tok_b]})     # a decode step for both sequences
+    seqs.clear(1)                                 # sequence 1's stream is empty again
     seqs.close()
 
-`step` gives logits for every token it was handed (all_logits), so a step holds at most n_batch
-tokens in all. Positions continue where each sequence stopped; `reset()` empties every stream.
+    seqs = sequences_like(runner, n_seq=4, n_ctx_seq=2048)   # the runner's KV type and attention
+
+`step` gives logits for every token it was handed (all_logits; `last_only=True`: for each
+sequence's last token only), so a step holds at most n_batch tokens in all. Positions continue
+where each sequence stopped; `clear(seq)` empties one stream, `reset()` every stream.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import numpy as np
 import torch
 
 from arkinfer.errors import ArkError
-from arkinfer.backends.gguf.runner import KV_TYPES, load_llama_cpp
+
+from .llamacpp_lib import KV_TYPES, load_llama_cpp
 
 
 class ParallelSequences:
@@ -61,8 +66,16 @@ class ParallelSequences:
         self._ctx.kv_cache_clear()
         self.length = [0] * self.n_seq
 
-    def step(self, tokens: dict[int, list[int]]) -> dict[int, torch.Tensor]:
-        """Append tokens[seq] to each given sequence in one llama_decode; {seq: logits [T, V]}."""
+    def clear(self, seq: int) -> None:
+        """Empty sequence `seq`'s stream (its next step starts at position 0)."""
+        self._ctx.kv_cache_seq_rm(seq, -1, -1)
+        self.length[seq] = 0
+
+    def step(self, tokens: dict[int, list[int]],
+             last_only: bool = False) -> dict[int, torch.Tensor]:
+        """Append tokens[seq] to each given sequence in one llama_decode; {seq: logits [T, V]}
+        ([1, V] of each sequence's last token with `last_only`: a prompt's prefill needs no
+        more, and skips T x V copies)."""
         total = sum(len(ids) for ids in tokens.values())
         bad = [s for s in tokens if not 0 <= s < self.n_seq]
         if bad:
@@ -86,7 +99,7 @@ class ParallelSequences:
                 b.pos[i] = self.length[seq] + j
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq
-                b.logits[i] = True
+                b.logits[i] = not last_only or j == len(ids) - 1
                 i += 1
         b.n_tokens = total
         code = self._llama_cpp.llama_decode(self._ctx.ctx, b)
@@ -95,12 +108,13 @@ class ParallelSequences:
                            f"{sorted(tokens)}", hint="see llama.cpp's messages above")
         out = {}
         for seq, r in rows.items():
+            self.length[seq] += len(r)
+            r = r[-1:] if last_only else r
             logits = np.empty((len(r), self.vocab_size), dtype=np.float32)
             for k, row in enumerate(r):
                 ptr = self._llama_cpp.llama_get_logits_ith(self._ctx.ctx, row)
                 logits[k] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))
             out[seq] = torch.from_numpy(logits)
-            self.length[seq] += len(r)
         return out
 
     def close(self) -> None:
@@ -110,3 +124,19 @@ class ParallelSequences:
             batch.close()
         if ctx is not None:
             ctx.close()
+
+
+def sequences_like(runner, n_seq: int, n_ctx_seq: int) -> ParallelSequences:
+    """`n_seq` sequences over `runner`'s model with its context's KV type, attention path (flash
+    attention or not) and n_batch (a long prompt is cut into the same chunks), so each
+    sequence's logits follow the runner's own arithmetic."""
+    params = runner.llm.context_params
+    n_batch = max(int(params.n_batch), n_seq)  # a decode step carries a token per sequence
+    kv_type = next((name for name, ggml_type in KV_TYPES.items() if ggml_type == params.type_k),
+                   None)
+    if kv_type is None:
+        raise ArkError(f"the runner's KV cache has ggml type {params.type_k}, which parallel "
+                       f"sequences do not take", hint=f"use a KV type of {sorted(KV_TYPES)}")
+    flash_attn = params.flash_attn_type == load_llama_cpp().LLAMA_FLASH_ATTN_TYPE_ENABLED
+    return ParallelSequences(runner.llm, n_seq, n_ctx_seq, kv_type=kv_type, n_batch=n_batch,
+                             flash_attn=flash_attn)

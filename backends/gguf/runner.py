@@ -25,53 +25,12 @@ import torch
 
 from arkinfer.backend import RunnerBase, check_token_ids
 from arkinfer.errors import ArkError, NotAvailableError
+from arkinfer.speculative.taps import HiddenTaps, RecordsTaps, check_tap_layers
 
-KV_TYPES = {"f32": 0, "f16": 1}  # ggml type ids
-
-# ggml_log_level (ggml.h): llama-cpp-python 0.3.36 maps these one level off (a WARN is printed as
-# an ERROR, an ERROR dropped as DEBUG), so the runner installs its own callback
-LOG_WARN, LOG_ERROR, LOG_CONT = 3, 4, 5
-# printed by llama.cpp when a context is freed and its compute buffer grew past the reserved
-# size: InfLLM v2's sparse graphs outgrow the dense graph llama.cpp reserves for (harmless)
-LOG_NOISE = ("does not match expectation",)
-_LOG_STATE: dict = {}
+from .llamacpp_lib import KV_TYPES, load_llama_cpp, quiet_llama_logs
 
 
-def quiet_llama_logs(llama_cpp) -> None:
-    """Install (once per process) a llama.cpp log callback that prints warnings and errors to
-    stderr, info and debug lines not, and drops LOG_NOISE."""
-    if "callback" in _LOG_STATE:
-        return
-    import ctypes
-    import sys
-
-    def callback(level, text, _user):
-        if level == LOG_CONT:
-            show = _LOG_STATE.get("last", False)
-        else:
-            line = text.decode("utf-8", errors="replace")
-            show = level in (LOG_WARN, LOG_ERROR) and not any(n in line for n in LOG_NOISE)
-            _LOG_STATE["last"] = show
-        if show:
-            sys.stderr.write(text.decode("utf-8", errors="replace"))
-            sys.stderr.flush()
-
-    _LOG_STATE["callback"] = llama_cpp.llama_log_callback(callback)   # kept alive here
-    llama_cpp.llama_log_set(_LOG_STATE["callback"], ctypes.c_void_p(0))
-
-
-def load_llama_cpp():
-    """The llama_cpp module (llama-cpp-python); NotAvailableError with the install command when
-    it is not installed. Shared by the runner, llamacpp_quantize.py and parallel.py."""
-    try:
-        import llama_cpp
-    except ImportError:
-        raise NotAvailableError("llama-cpp-python is not installed",
-                                hint="pip install 'arkinfer[gguf]' (compiles llama.cpp, ~5 min)") from None
-    return llama_cpp
-
-
-class LlamaCppRunner(RunnerBase):
+class LlamaCppRunner(RecordsTaps, RunnerBase):
     """One GGUF file loaded in llama.cpp with a context of `n_ctx` tokens (CPU)."""
 
     # Upstream llama.cpp ignores arkinfer.sparse.*: MiniCPM4 runs dense attention at every length.
@@ -103,6 +62,10 @@ class LlamaCppRunner(RunnerBase):
                                    type_v=KV_TYPES[kv_type], flash_attn=flash_attn)
         self.vocab_size = int(self.llm.n_vocab())
         quiet_llama_logs(llama_cpp)
+        self._taps: HiddenTaps | None = None  # None: not recording taps
+        self._capture = None
+        self._plain_ctx = None  # the context without graph callback, once taps were enabled
+        self._tap_contexts: dict[tuple[int, ...], tuple] = {}  # layers -> (ctx, capture, names)
 
     def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
@@ -120,6 +83,8 @@ class LlamaCppRunner(RunnerBase):
         """Empty the KV cache."""
         # Rewinds the token count; the next eval removes every cache cell from there on.
         self.llm.reset()
+        if self._taps is not None:
+            self._taps.clear()
 
     def prefill(self, ids: list[int]) -> torch.Tensor:
         """Append `ids` to the cache; logits [V] of the last one."""
@@ -146,6 +111,12 @@ class LlamaCppRunner(RunnerBase):
         """Decoder blocks of the loaded GGUF (`{arch}.block_count`); 0 when the file has none."""
         meta = self.llm.metadata  # the GGUF's keys, as strings, read by llama.cpp at load
         return int(meta.get(f"{meta.get('general.architecture', '')}.block_count", 0))
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the residual stream (`{arch}.embedding_length`); 0 when the file has none."""
+        meta = self.llm.metadata
+        return int(meta.get(f"{meta.get('general.architecture', '')}.embedding_length", 0))
 
     def first_layers(self, n: int) -> LlamaCppRunner:
         """A runner over a GGUF of this file's first `n` blocks, final norm and output layer
@@ -177,6 +148,7 @@ class LlamaCppRunner(RunnerBase):
         llm._ctx.decode(llm._batch)
         llm.input_ids[start:start + len(ids)] = ids
         llm.n_tokens = start + len(ids)
+        self._record_taps()
         rows = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(ids), self.vocab_size))
         return torch.from_numpy(np.array(rows, dtype=np.float32))
 
@@ -191,6 +163,56 @@ class LlamaCppRunner(RunnerBase):
                                     " (a recurrent or sliding-window cache keeps no positions)",
                                     hint="decode without a draft")
         self.llm.n_tokens = n
+        if self._taps is not None:
+            self._taps.truncate(n)
+
+    def parallel_sequences(self, n_seq: int, n_ctx_seq: int):
+        """`n_seq` sequences side by side over this runner's model, `n_ctx_seq` cache cells each,
+        with its KV type, attention path and n_batch (parallel.py `sequences_like`): what
+        `arkinfer serve --parallel` decodes with."""
+        from .parallel import sequences_like
+
+        return sequences_like(self, n_seq, n_ctx_seq)
+
+    def enable_taps(self, layers) -> None:
+        """Record, from now on, the hidden states at the input of decoder blocks `layers`
+        (EAGLE-3's taps, arkinfer/speculative/taps.py: llama.cpp's `l_out-<i-1>` nodes, copied
+        by a graph callback) of every evaluated position; `taps` then holds one row per cached
+        position. The runner switches to a llama.cpp context of its own with that callback
+        (made once per set of layers), so the cache starts empty; `disable_taps` switches back
+        to the context without callback (plain decoding pays nothing for the taps)."""
+        from .graph_capture import attach, capture_of
+
+        layers = check_tap_layers(layers, self.layer_count, str(self.path))
+        if self._plain_ctx is None:
+            self._plain_ctx = self.llm._ctx
+        if layers not in self._tap_contexts:
+            names = [f"l_out-{i - 1}" for i in layers]
+            capture = attach(self, capture_of(names, self.hidden_size, self.n_ctx))
+            self._tap_contexts[layers] = (self.llm._ctx, capture, names)
+        self.llm._ctx, self._capture, self._tap_names = self._tap_contexts[layers]
+        self._taps = HiddenTaps(layers)
+        self.reset()
+
+    def disable_taps(self) -> None:
+        """Stop recording taps: back to the context without graph callback, cache empty."""
+        if self._plain_ctx is not None:
+            self.llm._ctx = self._plain_ctx
+        self._taps = None
+        self.reset()
+
+    def _record_taps(self) -> None:
+        """Move the captured tap tensors of the last evaluation into `taps`."""
+        if self._taps is None:
+            return
+        captured = self._capture.tensors
+        missing = [n for n in self._tap_names if n not in captured]
+        if missing:
+            raise NotAvailableError(f"llama.cpp's graph for {self.path.name} has no node "
+                                    f"{missing[0]}", hint="this architecture's graph names its "
+                                    "block outputs otherwise: use another draft")
+        self._taps.append([torch.from_numpy(np.concatenate(captured[n])) for n in self._tap_names])
+        self._capture.clear()
 
     def _eval(self, ids: list[int], every_position: bool = False) -> None:
         check_token_ids(ids, self.vocab_size, cached=self.llm.n_tokens, max_positions=self.n_ctx,
@@ -206,6 +228,7 @@ class LlamaCppRunner(RunnerBase):
             self.llm.eval(ids)
         finally:
             self.llm._logits_all = self.all_logits
+        self._record_taps()
 
     def _last(self) -> torch.Tensor:
         """Logits [V] of the last evaluated position (llama_get_logits_ith(ctx, -1))."""

@@ -175,60 +175,20 @@ class SubprocessLlamaCppRunner(RunnerBase):
         self.close()
 
 
-class _GraphCapture:
-    """cb_eval callback copying the tensors named CAPTURED-<layer> as they are computed."""
-
-    CAPTURED = ("infllm_idx", "infllm_chunk_sum")
-
-    def __init__(self, lib_dir: Path) -> None:
-        import ctypes
-
-        import llama_cpp
-
-        base = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
-        base.ggml_get_name.restype = ctypes.c_char_p
-        base.ggml_get_name.argtypes = [ctypes.c_void_p]
-        base.ggml_get_data.restype = ctypes.c_void_p
-        base.ggml_get_data.argtypes = [ctypes.c_void_p]
-        self.tensors: dict[str, list] = {}
-
-        def callback(tensor, ask, _user):
-            import numpy as np
-
-            name = base.ggml_get_name(tensor).decode()
-            prefix, _, layer = name.rpartition("-")
-            want = prefix in self.CAPTURED and layer.isdigit()
-            if ask or not want:
-                return want if ask else True
-            # struct ggml_tensor: enum ggml_type (int32, padded to 8), buffer pointer, int64_t ne[4]
-            type_id = ctypes.c_int32.from_address(tensor).value
-            ne = list((ctypes.c_int64 * 4).from_address(tensor + 16))
-            dtype = {0: np.float32, 26: np.int32}[type_id]   # GGML_TYPE_F32, GGML_TYPE_I32
-            count = ne[0] * ne[1] * ne[2] * ne[3]
-            raw = (ctypes.c_char * (count * 4)).from_address(base.ggml_get_data(tensor))
-            array = np.frombuffer(bytes(raw), dtype=dtype).reshape(ne[::-1])
-            self.tensors.setdefault(name, []).append(array)
-            return True
-
-        self.callback = llama_cpp.ggml_backend_sched_eval_callback(callback)
-
-    def clear(self) -> None:
-        self.tensors = {}
+#: the graph tensors the debug path copies (GraphCapture, graph_capture.py)
+CAPTURED = ("infllm_idx", "infllm_chunk_sum")
 
 
-def _with_capture(runner, lib_dir: Path) -> _GraphCapture:
-    """Give runner.llm a new llama.cpp context whose graph callback is a _GraphCapture."""
-    import contextlib
+def _captured(name: str) -> bool:
+    prefix, _, layer = name.rpartition("-")
+    return prefix in CAPTURED and layer.isdigit()
 
-    from llama_cpp import _internals
 
-    capture = _GraphCapture(lib_dir)
-    llm = runner.llm
-    llm.context_params.cb_eval = capture.callback
-    llm._ctx = llm._stack.enter_context(contextlib.closing(
-        _internals.LlamaContext(model=llm._model, params=llm.context_params, verbose=False)))
-    llm.reset()
-    return capture
+def _with_capture(runner, lib_dir: Path):
+    """Give runner.llm a new llama.cpp context whose graph callback copies the CAPTURED tensors."""
+    from arkinfer.backends.gguf.graph_capture import GraphCapture, attach
+
+    return attach(runner, GraphCapture(lib_dir, _captured))
 
 
 def _serve() -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from arkinfer.chat.generation import GenerationSettings, generate_tokens
@@ -25,3 +27,18 @@ def alone(server, messages=QUESTION, n: int = 64) -> str:
                                                           model.stop_ids)))
     return model.tokenizer.decode([t for t in tokens if t not in model.stop_ids],
                                   skip_special_tokens=True)
+
+
+def assert_refused_when_full(server, admitted, full: int) -> None:
+    """Wait until `admitted()` reaches `full` (requests running and waiting), then check that one
+    more request gets 429 ("already waiting")."""
+    import openai
+
+    for _ in range(500):
+        if admitted() == full:
+            break
+        threading.Event().wait(0.01)
+    assert admitted() == full
+    with pytest.raises(openai.RateLimitError) as info:
+        server.client().chat.completions.create(model="demo", messages=QUESTION, max_tokens=8)
+    assert "already waiting" in info.value.body["message"]

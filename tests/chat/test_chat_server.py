@@ -11,7 +11,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from chat_support import BUILDS, QUESTION, alone
+from chat_support import BUILDS, QUESTION, alone, assert_refused_when_full
 
 from arkinfer.chat.app import serve_app
 from arkinfer.chat.server import ServerLimits
@@ -135,23 +135,15 @@ def test_an_over_long_prompt_is_refused_before_generation(gguf_server):
 
 @pytest.mark.llamacpp
 def test_too_many_requests_get_429_and_the_waiting_one_completes(demo_artifact, serve):
-    import openai
-
-    server = serve(serve_app(str(demo_artifact("gguf")), ServerLimits(max_tokens=64, max_queue=1)))
+    server = serve(serve_app(str(demo_artifact("gguf")), ServerLimits(max_tokens=64, max_queue=1),
+                             parallel=1))  # the queue; test_chat_parallel.py: the scheduler's 429
     queue, release = server.app.state.chat.queue, threading.Event()
     client = server.client(timeout=120)
     queue.submit(release.wait)  # the runner is busy
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(client.chat.completions.create, model="demo", messages=QUESTION,
                               max_tokens=8, temperature=0)
-        for _ in range(500):  # until the request waits in the queue
-            if queue.admitted == 2:
-                break
-            threading.Event().wait(0.01)
-        assert queue.admitted == 2
-        with pytest.raises(openai.RateLimitError) as info:
-            client.chat.completions.create(model="demo", messages=QUESTION, max_tokens=8)
-        assert "already waiting" in info.value.body["message"]
+        assert_refused_when_full(server, lambda: queue.admitted, 2)  # 1 runs, 1 waits
         release.set()
         assert waiting.result().choices[0].message.content
     assert client.chat.completions.create(model="demo", messages=QUESTION,
