@@ -33,7 +33,7 @@ from arkinfer.output_folder import (make_staging, remove_leftovers, remove_work_
                                     replace_folder)
 
 from . import manifest as mf
-from .draft_artifact import artifact_draft, write_draft
+from .draft_artifact import DRAFT_DIR, artifact_draft, write_draft
 from .plan import BuildPlan, check_artifact_output
 from .verify import VerifyError, backend_fidelity, float_reference, verify_runner
 
@@ -185,7 +185,8 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
     done("verify", "passed" if verification["passed"] else
          "FAILED: " + "; ".join(verification["failures"]))
     weights = sum(p.stat().st_size for p in staging.rglob("*")
-                  if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+                  if p.is_file() and p.suffix in WEIGHT_SUFFIXES
+                  and not p.relative_to(staging).parts[0] == DRAFT_DIR)
     from arkinfer.frontend.summary import compressed_key_bytes, kv_bytes_per_token
 
     cfg = ckpt.config

@@ -5,7 +5,8 @@
     draft = artifact_draft(artifact_dir, manifest, target_runner)  # run / serve / bench / verify
 
 What the artifact holds, by kind (manifest["draft"]):
-- "eagle3": the head's folder copied into `draft/` (config.json, model.safetensors), kept in
+- "eagle3": the head's folder copied into `draft/` (config.json, model.safetensors; its `bytes`
+  recorded here, not in memory.weights_bytes, which counts the target), kept in
   float32: a head GPTQ'd like the target loses accepted length (the MiniCPM4 report trains its
   draft with quantisation-aware training instead), and it is small beside the target. With
   `--draft-vocab K` (FR-Spec) the head's LM head keeps the K ids most frequent in the calibration
@@ -155,7 +156,8 @@ def _write_head(spec: str, head_dir: Path, draft_vocab: int | None, checkpoint, 
                                  "tokens": int(freq.sum())}
     cfg = head.config
     record.update(vocab_size=cfg.vocab_size, draft_vocab_size=cfg.draft_vocab_size,
-                  tap_layers=list(cfg.tap_layers), hidden_size=cfg.hidden_size)
+                  tap_layers=list(cfg.tap_layers), hidden_size=cfg.hidden_size,
+                  bytes=sum(p.stat().st_size for p in out.iterdir() if p.is_file()))
     return record
 
 

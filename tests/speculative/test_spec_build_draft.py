@@ -35,6 +35,10 @@ def test_the_head_is_carried_and_recorded(eagle_artifact):
     assert draft["vocab_size"] == 2048 and draft["draft_vocab_size"] == DRAFT_VOCAB
     assert draft["frequencies"]["text"] == "builtin" and draft["frequencies"]["tokens"] > 10000
     assert "float32" in draft["weights"]
+    head_bytes = sum(p.stat().st_size for p in (eagle_artifact / "draft").iterdir())
+    assert draft["bytes"] == head_bytes
+    # memory.weights_bytes counts the target's weights only
+    assert manifest["memory"]["weights_bytes"] == (eagle_artifact / "model.gguf").stat().st_size
     for name in ("draft/config.json", "draft/model.safetensors", "draft/token_frequencies.json"):
         assert name in manifest["files"]  # hashed like every other file of the artifact
     spec = manifest["verification"]["speculative"]
