@@ -44,7 +44,11 @@ SHAPES = {
 
 def random_head(shape: dict):
     """An EAGLE-3 head of `shape` with random weights (normal, std 0.02; norms 1)."""
-    from arkinfer.speculative.eagle3_head import Eagle3Config, build_head, expected_tensors
+    from arkinfer.speculative.eagle3_head import (
+        Eagle3Config,
+        build_head,
+        expected_tensors,
+    )
 
     layers = shape["layers"]
     cfg = Eagle3Config(shape["hidden_size"], shape["num_attention_heads"],
@@ -77,7 +81,7 @@ def step_seconds(head, context: int, steps: int) -> float:
     for i in range(steps):
         cache.truncate(context)
         start = time.perf_counter()
-        out, logits = head(head.embed(torch.tensor([i % cfg.vocab_size])), hidden,
+        _, logits = head(head.embed(torch.tensor([i % cfg.vocab_size])), hidden,
                            torch.tensor([context]), cache)
         int(torch.argmax(logits[-1]))
         times.append(time.perf_counter() - start)
