@@ -48,7 +48,7 @@ def _head_path(spec: str) -> Path | None:
 
 
 #: backends whose runners draft from the target's own layers: self:N and EAGLE-3 heads (taps)
-LAYER_DRAFT_BACKENDS = ("gguf", "reference")
+LAYER_DRAFT_BACKENDS = ("gguf", "mlx", "reference")
 
 
 def check_draft_request(spec: str | None, draft_vocab: int | None, raw: dict,

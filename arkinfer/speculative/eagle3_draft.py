@@ -29,7 +29,7 @@ from arkinfer.speculative.draft import Proposal
 from arkinfer.speculative.rejection import sampling_probs
 from arkinfer.speculative.taps import check_tap_layers
 
-TAP_RUNTIMES = "reference, gguf (upstream llama.cpp)"
+TAP_RUNTIMES = "reference, gguf (upstream llama.cpp), mlx"
 
 
 class Eagle3Draft:

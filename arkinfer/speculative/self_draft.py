@@ -21,7 +21,7 @@ from arkinfer.backend import Runner
 from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.speculative.model_draft import ModelDraft
 
-SELF_DRAFT_RUNTIMES = "reference, gguf (upstream llama.cpp)"
+SELF_DRAFT_RUNTIMES = "reference, gguf (upstream llama.cpp), mlx"
 
 
 def check_layers(layers: int, total: int, where: str) -> None:

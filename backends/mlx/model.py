@@ -192,10 +192,14 @@ class MlxModel:
         gate: Linear = self.w[p + "gate_proj"]
         return self.w[p + "down_proj"](_swiglu(gate(x), self.w[p + "up_proj"](x)))
 
-    def __call__(self, ids: mx.array, cache: list[LayerCache], *, last_only: bool = False
-                 ) -> tuple[mx.array, list[LayerCache]]:
+    def __call__(self, ids: mx.array, cache: list[LayerCache], *, last_only: bool = False,
+                 taps: tuple[int, ...] = ()) -> tuple[mx.array, list[LayerCache]]:
         """ids [B, T] int -> (logits [B, T, V] (last_only: [B, 1, V]) in the activation dtype,
-        the cache with the T new positions appended)."""
+        the cache with the T new positions appended). The layers run are those `cache` has
+        entries for (a cache of the first N layers runs them alone: the `self:N` draft).
+        `taps`: layers whose input hidden state [B, T, H] (the residual stream, before any
+        norm) is kept in `self.tapped`, in the order given (EAGLE-3's taps)."""
+        self.tapped = [None] * len(taps)
         cfg = self.cfg
         total = cache[0].length + ids.shape[1]
         freqs, rope_scale = self.rope.tables(total)
@@ -206,6 +210,8 @@ class MlxModel:
         eps = cfg.rms_norm_eps
         new_cache = []
         for i, layer_cache in enumerate(cache):
+            if i in taps:
+                self.tapped[taps.index(i)] = h
             p = f"model.layers.{i}."
             x = _rms_norm(h, self.w[p + "input_layernorm.weight"], eps)
             attn, layer_cache = self._attention(i, x, layer_cache, freqs, rope_scale)

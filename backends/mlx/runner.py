@@ -15,6 +15,7 @@ returns, so timings measure the work.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from arkinfer.backend import StepRunner, check_token_ids
 from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.frontend.tokenizer import load_tokenizer
 from arkinfer.generate import require_finite
+from arkinfer.speculative.taps import HiddenTaps, RecordsTaps, check_tap_layers
 
 INSTALL_HINT = "pip install 'arkinfer[mlx]'  (mlx[cpu] on Linux, mlx with Metal on macOS)"
 
@@ -39,10 +41,11 @@ def _mlx():
     return mx
 
 
-class MlxRunner(StepRunner):
+class MlxRunner(RecordsTaps, StepRunner):
     """ArkInfer's MLX runtime over one artifact folder in mlx-lm's layout."""
 
     speculates = True
+    _layers: int | None = None  # the first layers this runner runs (None: all; the self:N draft)
 
     def __init__(self, artifact_dir: str | Path) -> None:
         self.mx = _mlx()
@@ -63,7 +66,38 @@ class MlxRunner(StepRunner):
         self.model.force_dense = mode == "dense"
 
     def reset(self) -> None:
-        self.cache = self.model.empty_cache(1)
+        self.cache = self.model.empty_cache(1)[:self._layers]
+        if self._taps is not None:
+            self._taps.clear()
+
+    @property
+    def layer_count(self) -> int:
+        return self._layers or int(self.model.cfg.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.cfg.hidden_size)
+
+    def first_layers(self, n: int) -> MlxRunner:
+        """A runner over the same model's first `n` layers, its final norm and LM head (the
+        `self:N` draft): the same weights, its own cache of n layers."""
+        if not 1 <= n < self.layer_count:
+            raise ArkError(f"first_layers({n}): {self.dir} has {self.layer_count} layers; take "
+                           f"1..{self.layer_count - 1}", hint="pick fewer layers")
+        draft = copy.copy(self)
+        draft._layers, draft._taps = n, None
+        draft.reset()
+        return draft
+
+    def enable_taps(self, layers) -> None:
+        """Record the hidden states at the input of `layers` (EAGLE-3's taps, 1..L-1) of every
+        position evaluated from now on; the cache starts empty."""
+        self._taps = HiddenTaps(check_tap_layers(layers, self.layer_count, str(self.dir)))
+        self.reset()
+
+    def disable_taps(self) -> None:
+        self._taps = None
+        self.reset()
 
     def truncate(self, n: int) -> None:
         """Keep the first `n` cached positions: each LayerCache's `length` goes back to n (the
@@ -75,15 +109,21 @@ class MlxRunner(StepRunner):
                            hint=f"pass 0..{held}")
         self.cache = [replace(c, length=n, infllm=c.infllm if c.infllm is None or
                               c.infllm.length <= n else None) for c in self.cache]
+        if self._taps is not None:
+            self._taps.truncate(n)
 
     def _step(self, ids: list[int], last_only: bool) -> torch.Tensor:
         mx = self.mx
         check_token_ids(ids, self.vocab_size)
         x = mx.array([ids], dtype=mx.int32)
-        logits, self.cache = self.model(x, self.cache, last_only=last_only)
+        taps = self._taps.layers if self._taps is not None else ()
+        logits, self.cache = self.model(x, self.cache, last_only=last_only, taps=taps)
         state = [a for c in self.cache for a in (c.k, c.v) + (
             (c.infllm.fine, c.infllm.coarse) if c.infllm is not None else ())]
-        mx.eval(logits, state)
+        mx.eval(logits, state, *self.model.tapped)
+        if taps:
+            self._taps.append([torch.from_numpy(np.array(t[0].astype(mx.float32)))
+                               for t in self.model.tapped])
         out = torch.from_numpy(np.array(logits[0].astype(mx.float32)))
         require_finite(out, f"the MLX runtime on {self.dir}")
         return out

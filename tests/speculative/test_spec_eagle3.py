@@ -68,6 +68,29 @@ def test_gguf_taps_match_the_reference(demo_f16):
     assert (got - want).abs().max() < 2e-3 * want.abs().max()
 
 
+def test_mlx_taps_match_the_reference(tmp_path):
+    """ArkInfer's MLX runtime keeps the input of the tapped layers as it runs them."""
+    reference = ReferenceRunner(demo_model_path(), dense=True)
+    ids = reference.tokenize(PROMPT)
+    want = _stepped_taps(reference, ids)
+    got = _stepped_taps(load_runner(built_demo("mlx", tmp_path / "mlx", quant="f16"))[1], ids)
+    assert got.shape == want.shape
+    assert (got - want).abs().max() < 2e-2 * want.abs().max()
+
+
+def test_eagle3_and_self_draft_greedy_equal_plain_on_mlx(tmp_path):
+    from arkinfer.speculative import self_draft
+
+    target = load_runner(built_demo("mlx", tmp_path / "mlx"))[1]
+    prompt = target.tokenize(PROMPT)
+    _greedy_equal(target, prompt, k=3)
+    plain = list(plain_generate(target, prompt, 32))
+    stats = SpecStats()
+    assert list(speculative_generate(target, self_draft(target, 3), prompt, 32, k=4,
+                                     stats=stats)) == plain
+    assert stats.accepted > 0
+
+
 def _greedy_equal(target, prompt: list[int], new: int = 40, k: int = 4) -> SpecStats:
     plain = list(plain_generate(target, prompt, new))
     draft = parse_draft("eagle3:demo", target)
