@@ -76,7 +76,26 @@ def test_self_draft_pays_n_of_l_layers_plus_the_lm_head(marlin, orin):
     assert draft_cost(marlin, 8).layers == 8
 
 
+def eagle3_bytes(ctx: int, vocab: int, k: int) -> float:
+    """An EAGLE-3 head shaped after MiniCPM4.1-8B (32 / 2 heads of 128, FFN 16384), by hand:
+    q/k/v read 2H, o_proj, the SwiGLU MLP, the LM head over `vocab`, the fc [H, 3H] once per
+    chain of k, all bf16; its float32 KV cache of ctx positions."""
+    weights = (2 * H * 36 * D + 32 * D * H + 3 * H * 16384 + vocab * H + 3 * H * H / k)
+    return 2 * weights + 2 * KV_HEADS * D * ctx * 4
+
+
+def test_eagle3_head_reads_one_layer_and_its_lm_head(marlin, orin):
+    full = predict_speculative(marlin, orin, "eagle3", acceptance=0.6, k=4, ctx=CTX)
+    assert full.t_draft == pytest.approx(eagle3_bytes(CTX, V, 4) / bandwidth(orin))
+    frspec = predict_speculative(marlin, orin, "eagle3:32768", acceptance=0.6, k=4, ctx=CTX)
+    assert frspec.t_draft == pytest.approx(eagle3_bytes(CTX, 32768, 4) / bandwidth(orin))
+    # FR-Spec's cut of the LM head is most of what the draft step saves
+    assert frspec.t_draft < 0.75 * full.t_draft and frspec.speedup > full.speedup
+
+
 @pytest.mark.parametrize("kwargs, error", [
+    ({"draft": "eagle3:0"}, ConfigError),
+    ({"draft": "eagle3:80000"}, ConfigError),  # more than the vocabulary
     ({"draft": "lookup", "acceptance": 1.5}, ConfigError),
     ({"draft": "lookup", "k": 0}, ConfigError),
     ({"draft": "self:32"}, ConfigError),  # all 32 layers would be the target itself
@@ -108,7 +127,7 @@ def test_cli_speculative_json_and_table(app):
     spec = json.loads(result.stdout)["speculative"]
     assert spec["ctx"] == CTX and spec["acceptance_assumed"] is True
     rows = {r["draft"]: r for r in spec["predictions"]}
-    assert set(rows) == {"lookup", "self:4"}
+    assert set(rows) == {"lookup", "self:4", "eagle3"}
     e = (1 - 0.6 ** 4) / (1 - 0.6)
     assert rows["lookup"]["k"] == 3 and rows["lookup"]["speedup"] == pytest.approx(e)
     assert rows["self:4"]["speedup"] < e
@@ -116,7 +135,10 @@ def test_cli_speculative_json_and_table(app):
     result = CliRunner().invoke(app, [*args, "--acceptance", "0.9"])
     assert result.exit_code == 0, result.stderr
     assert "speculative decoding, predicted at 4K tokens" in result.stdout
-    assert "self:4" in result.stdout and "0.9" in result.stdout
+    assert "self:4" in result.stdout and "0.9" in result.stdout and "eagle3" in result.stdout
+    frspec = CliRunner().invoke(app, [*args, "--json", "--draft-vocab", "32768"])
+    assert {r["draft"] for r in json.loads(frspec.stdout)["speculative"]["predictions"]} == {
+        "lookup", "self:4", "eagle3", "eagle3:32768"}
     assert "acceptance) is assumed" not in result.stdout
     plain = CliRunner().invoke(app, ["plan", "minicpm4.1-8b", "-t", "jetson-orin", "-q", "int4",
                                      "--json"])

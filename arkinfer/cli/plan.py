@@ -41,6 +41,7 @@ EXAMPLES = [
     "arkinfer plan minicpm4.1-8b --target jetson-orin --quant int4 --speculative",
     ("arkinfer plan demo --target host --quant q4_0 --speculative --acceptance 0.8 --draft-k 6 "
      "--draft-layers 2"),
+    "arkinfer plan minicpm4.1-8b --target jetson-orin --quant marlin --speculative --draft-vocab 32768",
 ]
 
 
@@ -134,17 +135,19 @@ def _print_rows(plan: Plan) -> None:
                          for r in plan.rows) else ""), markup=False)
 
 
-def speculative_rows(plan: Plan, acceptance: float, k: int,
-                     layers: int | None) -> list[SpeculativePrediction]:
-    """lookup and self:N (N = `layers`, default a quarter of the target's layers) at the plan's
-    smallest context, with InfLLM v2 where the plan runs it."""
+def speculative_rows(plan: Plan, acceptance: float, k: int, layers: int | None,
+                     draft_vocab: int | None = None) -> list[SpeculativePrediction]:
+    """lookup, self:N (N = `layers`, default a quarter of the target's layers), an EAGLE-3 head
+    and, with `draft_vocab`, the head with FR-Spec's K tokens, at the plan's smallest context,
+    with InfLLM v2 where the plan runs it."""
     from arkinfer.latency.speculative import predict_speculative
 
     n = layers if layers is not None else max(1, plan.cost.layers // 4)
     attention = "sparse" if plan.sparse_supported else "dense"
+    drafts = ["lookup", f"self:{n}", "eagle3"] + ([f"eagle3:{draft_vocab}"] if draft_vocab else [])
     return [predict_speculative(plan.cost, plan.target, draft, acceptance=acceptance, k=k,
                                 ctx=min(plan.contexts), attention=attention)
-            for draft in ("lookup", f"self:{n}")]
+            for draft in drafts]
 
 
 def _print_speculative(rows: list[SpeculativePrediction], ctx: int, assumed: bool) -> None:
@@ -163,7 +166,8 @@ def _print_speculative(rows: list[SpeculativePrediction], ctx: int, assumed: boo
                   "E = (1 - A^(k+1)) / (1 - A) tokens per verify step; speed-up = E x decode "
                   "time / (k x draft time + verify time); verify = one target step over k + 1 "
                   "positions (one read of the weights, k + 1 times the FLOPs); the self:N draft "
-                  "reads N/L of the layers plus the LM head, lookup reads nothing.",
+                  "reads N/L of the layers plus the LM head, an EAGLE-3 head one bf16 layer "
+                  "plus its LM head (eagle3:K: FR-Spec's K tokens), lookup nothing.",
                   markup=False)
 
 
@@ -178,7 +182,7 @@ def command(
     json_out: JsonOpt = False,
     speculative: Annotated[bool, typer.Option(
         "--speculative", help="Also predict the speed-up of speculative decoding with the "
-        "lookup and self:N drafts.")] = False,
+        "lookup, self:N and EAGLE-3 drafts.")] = False,
     acceptance: Annotated[float | None, typer.Option(
         "--acceptance", min=0.0, max=1.0, help="Per-token draft acceptance probability for "
         f"--speculative (default {DEFAULT_ACCEPTANCE}, assumed; `arkinfer bench --speculative` "
@@ -188,24 +192,28 @@ def command(
     draft_layers: Annotated[int | None, typer.Option(
         "--draft-layers", min=1, help="N of the self:N draft (default: a quarter of the "
         "model's layers).")] = None,
+    draft_vocab: Annotated[int | None, typer.Option(
+        "--draft-vocab", min=1, help="Add a row for an EAGLE-3 head with FR-Spec's K most "
+        "frequent tokens (e.g. 32768 of MiniCPM4.1's 73,448).")] = None,
 ) -> None:
     """Memory fit and predicted latency of MODEL on TARGET with QUANT."""
-    spec = (acceptance, draft_k, draft_layers) if speculative else None
+    spec = (acceptance, draft_k, draft_layers, draft_vocab) if speculative else None
     run(model, target, quant, backend, context, json_out, spec)
 
 
 @handle_errors
 def run(model: str, target: str, quant: str, backend: str | None, context: list[int] | None,
         json_out: bool,
-        speculative: tuple[float | None, int, int | None] | None = None) -> None:
-    """`speculative`: (acceptance or None for the assumed default, k, self:N layers or None)."""
+        speculative: tuple[float | None, int, int | None, int | None] | None = None) -> None:
+    """`speculative`: (acceptance or None for the assumed default, k, self:N layers or None,
+    FR-Spec's draft vocabulary or None)."""
     plan = make_plan(model, target, quant, backend, tuple(context or CONTEXTS))
     refusal = plan.refusal()
     spec_rows: list[SpeculativePrediction] = []
     if speculative is not None:
-        acceptance, k, layers = speculative
+        acceptance, k, layers, draft_vocab = speculative
         spec_rows = speculative_rows(plan, DEFAULT_ACCEPTANCE if acceptance is None
-                                     else acceptance, k, layers)
+                                     else acceptance, k, layers, draft_vocab)
     if json_out:
         out = plan.as_dict()
         if speculative is not None:

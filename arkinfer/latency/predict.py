@@ -136,6 +136,13 @@ def _roofline(nbytes: float, flops: float, bw: float, peak: float | None) -> Ste
     return Step(nbytes, flops, t_bw, t_c, t_bw, "bandwidth")
 
 
+def roofline_step(target: Any, nbytes: float, flops: float) -> Step:
+    """The roofline time of reading `nbytes` and computing `flops` on `target` (its effective
+    bandwidth and peak, as a decode step is predicted)."""
+    bw, peak, _ = _target_numbers(target)
+    return _roofline(nbytes, flops, bw, peak)
+
+
 def _sum_min(lo: int, hi: int, cap: int) -> int:
     """Σ_{p=lo}^{hi} min(p, cap) for integers 0 <= lo <= hi (0 when hi < lo)."""
     if hi < lo:

@@ -18,7 +18,10 @@ and a step costs `k · t_draft + t_verify`, so the speed-up over plain decoding 
   positions share one read of the weights and KV cache, so it is the decode's bandwidth time;
   only the FLOPs grow, k + 1 times (`max(t_bandwidth, (k + 1) · t_compute)`).
 - t_draft: `lookup` reads no weights (0); `self:N` is a decode of the target's first N layers,
-  its final norm and LM head (the draft model `draft_cost` describes), at the same context.
+  its final norm and LM head (the draft model `draft_cost` describes), at the same context;
+  `eagle3` / `eagle3:K` is one step of an EAGLE-3 head shaped after the target (`eagle3_step`:
+  one decoder layer, its LM head over the vocabulary or FR-Spec's K tokens, bf16 as
+  `build --draft` carries it).
 
 The formula takes every draft position to be accepted with the same A, independently; real
 acceptance falls along the chain, so measured E is what to trust.
@@ -32,7 +35,7 @@ from typing import Any
 
 from arkinfer.errors import ConfigError
 from arkinfer.latency.cost import ModelCost
-from arkinfer.latency.predict import Attention, Step, predict
+from arkinfer.latency.predict import Attention, Step, predict, roofline_step
 
 # assumed: E = 2.31 at k = 4, near the mean accepted length of 2.5 CPM.cu reports for EAGLE-3
 DEFAULT_ACCEPTANCE = 0.6
@@ -108,6 +111,31 @@ def draft_cost(cost: ModelCost, layers: int) -> ModelCost:
                    tensors=tensors, source=source)
 
 
+#: bytes per weight of a carried EAGLE-3 head (bf16: `build --draft`, pipeline/draft_artifact.py)
+EAGLE3_BYTES = 2
+
+
+def eagle3_step(cost: ModelCost, target: Any, ctx: int, k: int,
+                draft_vocab: int | None = None) -> float:
+    """Seconds of one draft token of an EAGLE-3 head shaped after `cost`'s model: one decoder
+    layer whose q/k/v read [embedding, hidden] (2H), the target's heads and FFN width, an LM head
+    over `draft_vocab` tokens (the vocabulary when None), the fc over three taps counted once per
+    chain of `k`; weights in bf16, its own KV cache of `ctx` positions in float32."""
+    c = cost.config
+    h, hd = c.hidden_size, c.head_dim
+    nq, nkv = c.num_attention_heads, c.num_key_value_heads
+    vocab = c.vocab_size if draft_vocab is None else draft_vocab
+    if not 1 <= vocab <= c.vocab_size:
+        raise ConfigError(f"eagle3:{vocab}: the draft vocabulary must be 1..{c.vocab_size}",
+                          hint="FR-Spec keeps 25-45 % of the vocabulary, e.g. --draft-vocab "
+                          f"{c.vocab_size * 3 // 10}")
+    weights = (2 * h * (nq + 2 * nkv) * hd + nq * hd * h + 3 * h * c.intermediate_size
+               + vocab * h + 3 * h * h / k)
+    kv_bytes = 2 * nkv * hd * ctx * 4
+    flops = 2 * weights + 4 * nq * hd * ctx
+    return roofline_step(target, weights * EAGLE3_BYTES + kv_bytes, flops).seconds
+
+
 def _layer_of(name: str) -> int:
     """The decoder layer a tensor belongs to (-1 for the embedding, final norm, LM head)."""
     match = _LAYER_TENSOR.match(name)
@@ -125,7 +153,7 @@ def predict_speculative(cost: ModelCost, target: Any, draft: str, *,
                         acceptance: float = DEFAULT_ACCEPTANCE, k: int = DEFAULT_K,
                         ctx: int = 4096, attention: Attention = "dense") -> SpeculativePrediction:
     """The speed-up of decoding `cost`'s model on `target` at `ctx` cached tokens with `draft`
-    ("lookup" or "self:N") proposing `k` tokens per step, each accepted with probability
+    ("lookup", "self:N", "eagle3" or "eagle3:K" with FR-Spec's K tokens) proposing `k` tokens per step, each accepted with probability
     `acceptance` (see the module docstring)."""
     e = expected_tokens(acceptance, k)
     decode = predict(cost, target, ctx=ctx, prompt=0, attention=attention).decode
@@ -134,8 +162,13 @@ def predict_speculative(cost: ModelCost, target: Any, draft: str, *,
     elif draft.startswith("self:") and draft.removeprefix("self:").isdigit():
         small = draft_cost(cost, int(draft.removeprefix("self:")))
         t_draft = predict(small, target, ctx=ctx, prompt=0, attention=attention).decode.seconds
+    elif draft == "eagle3" or (draft.startswith("eagle3:")
+                               and draft.removeprefix("eagle3:").isdigit()):
+        vocab = int(draft.removeprefix("eagle3:")) if ":" in draft else None
+        t_draft = eagle3_step(cost, target, ctx, k, vocab)
     else:
-        raise ConfigError(f"draft {draft!r} cannot be predicted; allowed: lookup, self:N",
+        raise ConfigError(f"draft {draft!r} cannot be predicted; allowed: lookup, self:N, "
+                          "eagle3, eagle3:K",
                           hint="a draft model's artifact is not predicted yet: plan it on its "
                           "own and compare the decode times")
     return SpeculativePrediction(draft, acceptance, k, e, decode.seconds, t_draft,

@@ -5,10 +5,11 @@
     draft = artifact_draft(artifact_dir, manifest, target_runner)  # run / serve / bench / verify
 
 What the artifact holds, by kind (manifest["draft"]):
-- "eagle3": the head's folder copied into `draft/` (config.json, model.safetensors; its `bytes`
-  recorded here, not in memory.weights_bytes, which counts the target), kept in
-  float32: a head GPTQ'd like the target loses accepted length (the MiniCPM4 report trains its
-  draft with quantisation-aware training instead), and it is small beside the target. With
+- "eagle3": the head written into `draft/` (config.json, model.safetensors; its `bytes`
+  recorded here, not in memory.weights_bytes, which counts the target) in bfloat16, not
+  quantised: a head GPTQ'd like the target loses accepted length (the MiniCPM4 report trains its
+  draft with quantisation-aware training instead); bf16 halves what a draft step reads against
+  float32 (an 8B model's head is ~0.5 G weights, most of them its LM head). With
   `--draft-vocab K` (FR-Spec) the head's LM head keeps the K ids most frequent in the calibration
   text, counted with the model's tokenizer; the counts are stored in `draft/token_frequencies.json`.
 - "lookup" and "self": no files; the record names the draft, which run / serve use by default.
@@ -19,10 +20,11 @@ What the artifact holds, by kind (manifest["draft"]):
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from arkinfer.errors import ArkError
 
@@ -30,9 +32,8 @@ from . import manifest as mf
 
 DRAFT_DIR = "draft"
 FREQUENCIES = "token_frequencies.json"
-FLOAT_REASON = ("kept in float32: GPTQ on a draft head lowers its accepted length (the MiniCPM4 "
-                "report quantises its draft with QAT instead), and the head is small beside the "
-                "target")
+WEIGHTS_NOTE = ("bfloat16, not quantised: GPTQ on a draft head lowers its accepted length (the "
+                "MiniCPM4 report quantises its draft with QAT instead); computed in float32")
 
 
 def _head_path(spec: str) -> Path | None:
@@ -129,13 +130,9 @@ def _write_head(spec: str, head_dir: Path, draft_vocab: int | None, checkpoint, 
 
     out = staging / DRAFT_DIR
     record: dict[str, Any] = {"source": spec, "kind": "eagle3", "folder": DRAFT_DIR,
-                              "weights": FLOAT_REASON}
+                              "weights": WEIGHTS_NOTE}
     head = load_eagle3(head_dir, target_vocab_size=checkpoint.config.vocab_size)
-    if draft_vocab is None:
-        out.mkdir()
-        for name in ("config.json", "model.safetensors"):
-            shutil.copy2(head_dir / name, out / name)
-    else:
+    if draft_vocab is not None:
         from arkinfer.speculative.frspec import (
             frequent_vocabulary,
             restrict_head,
@@ -149,7 +146,8 @@ def _write_head(spec: str, head_dir: Path, draft_vocab: int | None, checkpoint, 
         stops = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
         keep = frequent_vocabulary(freq, draft_vocab, always=stops)
         head = restrict_head(head, keep)
-        save_eagle3(head, out)
+    save_eagle3(head, out, dtype=torch.bfloat16)
+    if draft_vocab is not None:
         (out / FREQUENCIES).write_text(json.dumps({
             "text": source, "tokens": int(freq.sum()), "counts": freq.tolist()}) + "\n")
         record["frequencies"] = {"file": f"{DRAFT_DIR}/{FREQUENCIES}", "text": source,

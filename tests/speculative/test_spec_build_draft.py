@@ -34,7 +34,7 @@ def test_the_head_is_carried_and_recorded(eagle_artifact):
     assert draft["kind"] == "eagle3" and draft["folder"] == "draft"
     assert draft["vocab_size"] == 2048 and draft["draft_vocab_size"] == DRAFT_VOCAB
     assert draft["frequencies"]["text"] == "builtin" and draft["frequencies"]["tokens"] > 10000
-    assert "float32" in draft["weights"]
+    assert "bfloat16" in draft["weights"]
     head_bytes = sum(p.stat().st_size for p in (eagle_artifact / "draft").iterdir())
     assert draft["bytes"] == head_bytes
     # memory.weights_bytes counts the target's weights only
