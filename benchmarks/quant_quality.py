@@ -151,6 +151,10 @@ ROWS = {
                            "no g_idx; preset gptq --act-order --static-groups)",
                            dict(calib="gptq", format="gptq", group_size=64, grid="mse"), ACT,
                            runtime="torch"),
+    "gptq-g64-natural": Row("GPTQ g64 sym in the natural column order (no act-order: groups are "
+                            "contiguous, no g_idx), checkpoint (ablation)",
+                            dict(calib="gptq", format="gptq", group_size=64, grid="mse"),
+                            runtime="torch"),
     "awq-g64-mse": Row("AWQ g64 asym checkpoint (awq layout; preset awq)",
                        dict(calib="awq", format="awq", group_size=64, sym=False, grid="mse"),
                        runtime="torch"),
