@@ -11,7 +11,8 @@ positions):
    pairs done..C-1 are run in one call (their taps now final: those positions were accepted);
 2. the last pair's logits give draft token 1; then each further token runs one pair
    (the head's own output hidden state in place of taps, the token just drafted), at positions
-   C, C + 1, ...: EAGLE-3's test-time loop, chain-shaped.
+   C, C + 1, ...: EAGLE-3's test-time loop, chain-shaped. These one-token steps run in C where
+   it builds (eagle3_native.py), else through PyTorch.
 
 Draft ids are mapped to the target's vocabulary through the head's d2t (a head with a reduced,
 FR-Spec vocabulary proposes only tokens of that vocabulary; the target verifies on the full one,
@@ -29,6 +30,8 @@ from arkinfer.speculative.draft import Proposal
 from arkinfer.speculative.rejection import sampling_probs
 from arkinfer.speculative.taps import check_tap_layers
 
+#: new pairs a proposal runs as C steps one by one (more: one PyTorch call, e.g. the prompt)
+NATIVE_PAIRS = 8
 TAP_RUNTIMES = "reference, gguf (upstream llama.cpp), mlx"
 
 
@@ -44,6 +47,9 @@ class Eagle3Draft:
                                     f"do: {TAP_RUNTIMES}", hint="use --draft lookup on this runtime")
         check_tap_layers(head.config.tap_layers, target.layer_count, type(target).__name__)
         self.head, self.target, self.name = head, target, name
+        from arkinfer.speculative.eagle3_native import native_step
+
+        self.step = native_step(head)  # the chain's one-token steps in C; None: PyTorch
         self.cache = head.new_cache()
         self.done = 0  # head-cache positions built from the target's taps
 
@@ -68,9 +74,13 @@ class Eagle3Draft:
         self.cache.truncate(self.done)  # drop the pairs the last proposal drafted on its own
         features = head.fuse(taps.rows(self.done, cached))
         embeds = head.embed(torch.tensor(context[self.done + 1:cached + 1]))
-        hidden, logits = head(embeds, features, torch.arange(self.done, cached), self.cache)
+        if self.step is not None and cached - self.done <= NATIVE_PAIRS:
+            for j in range(cached - self.done):  # a few new pairs: one C step each
+                hidden, row, _ = self.step(embeds[j], features[j], self.done + j, self.cache)
+        else:
+            hidden, logits = head(embeds, features, torch.arange(self.done, cached), self.cache)
+            hidden, row = hidden[-1:], logits[-1]
         self.done = cached
-        hidden, row = hidden[-1:], logits[-1]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
@@ -82,9 +92,12 @@ class Eagle3Draft:
                 rows.append(self._on_target(probs))
             tokens.append(int(head.to_target(torch.tensor([draft_id]))[0]))
             if i + 1 < k:
-                hidden, logits = head(head.embed(torch.tensor(tokens[-1:])), hidden,
-                                      torch.tensor([cached + i]), self.cache)
-                row = logits[-1]
+                embed = head.embed(torch.tensor(tokens[-1:]))
+                if self.step is not None:
+                    hidden, row, _ = self.step(embed, hidden, cached + i, self.cache)
+                else:
+                    hidden, logits = head(embed, hidden, torch.tensor([cached + i]), self.cache)
+                    row = logits[-1]
         return Proposal(tokens, torch.stack(rows) if rows else None)
 
     def _on_target(self, probs: torch.Tensor) -> torch.Tensor:

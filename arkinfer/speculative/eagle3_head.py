@@ -118,22 +118,50 @@ class Eagle3Config:
 
 
 class Eagle3Cache:
-    """The head's KV cache: k, v float32 [nkv, S, hd], post-RoPE; position p is row p."""
+    """The head's KV cache: k, v float32 [nkv, S, hd], post-RoPE; position p is row p. Held in
+    buffers [nkv, capacity, hd] that grow by doubling, so a one-token step appends in place (the
+    native step, eagle3_native.py, writes its row straight into them)."""
 
-    def __init__(self, cfg: Eagle3Config) -> None:
-        self.k = torch.zeros(cfg.num_key_value_heads, 0, cfg.head_dim)
-        self.v = torch.zeros(cfg.num_key_value_heads, 0, cfg.head_dim)
+    def __init__(self, cfg: Eagle3Config, capacity: int = 256) -> None:
+        self._k = torch.zeros(cfg.num_key_value_heads, capacity, cfg.head_dim)
+        self._v = torch.zeros(cfg.num_key_value_heads, capacity, cfg.head_dim)
+        self.length = 0
 
     @property
-    def length(self) -> int:
-        return self.k.shape[1]
+    def k(self) -> Tensor:
+        return self._k[:, :self.length]
+
+    @property
+    def v(self) -> Tensor:
+        return self._v[:, :self.length]
+
+    def reserve(self, n: int) -> None:
+        """Room for `n` positions in the buffers (doubling; the cached rows are kept)."""
+        capacity = self._k.shape[1]
+        if n <= capacity:
+            return
+        while capacity < n:
+            capacity *= 2
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            grown = old.new_zeros(old.shape[0], capacity, old.shape[2])
+            grown[:, :self.length] = old[:, :self.length]
+            setattr(self, name, grown)
+
+    def append(self, k: Tensor, v: Tensor) -> None:
+        """Add T positions: k, v [nkv, T, hd]."""
+        t = k.shape[1]
+        self.reserve(self.length + t)
+        self._k[:, self.length:self.length + t] = k
+        self._v[:, self.length:self.length + t] = v
+        self.length += t
 
     def truncate(self, n: int) -> None:
         """Keep the first n positions."""
         if not 0 <= n <= self.length:
             raise ArkError(f"cannot truncate the EAGLE-3 head's cache to {n} positions: it holds "
                            f"{self.length}", hint="truncate only to a length it already holds")
-        self.k, self.v = self.k[:, :n], self.v[:, :n]
+        self.length = n
 
 
 class Eagle3Attention(nn.Module):
@@ -219,8 +247,7 @@ class Eagle3Head(nn.Module):
         (hidden_out [T, H] pre-norm, logits [T, Vd] float32). Appends the T positions to `cache`."""
         layer = self.midlayer
         q, k, v = layer.project(embeds[None].float(), hidden[None].float(), positions)
-        cache.k = torch.cat([cache.k, k[0].detach()], dim=1)
-        cache.v = torch.cat([cache.v, v[0].detach()], dim=1)
+        cache.append(k[0].detach(), v[0].detach())
         # queries are the last T of the S cached keys: causal over the whole cache
         attended = torch.ops.arkinfer.attention(q, cache.k[None], cache.v[None],
                                                 1.0 / math.sqrt(self.config.head_dim))
