@@ -45,8 +45,11 @@ def _library():
         return None
     if lib is not None:
         lib.eagle3_step.restype = ctypes.c_int64
-        lib.eagle3_step.argtypes = [ctypes.POINTER(_Weights), _F, _F, ctypes.c_int64, _F, _F,
-                                    ctypes.c_int64, ctypes.c_int64, _F, _F, _F]
+        # the buffers go as plain addresses (tensor.data_ptr()): no ctypes cast per call
+        lib.eagle3_step.argtypes = [ctypes.POINTER(_Weights), ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_void_p]
     return lib
 
 
@@ -77,6 +80,7 @@ class NativeStep:
                                 cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
                                 cfg.draft_vocab_size, cfg.rms_norm_eps, 0,
                                 *[_ptr(self._keep[n]) for n in WEIGHT_FIELDS])
+        self._weights_ref = ctypes.byref(self.weights)
 
     def __call__(self, embed: Tensor, hidden: Tensor, position: int, cache
                  ) -> tuple[Tensor, Tensor, int]:
@@ -92,10 +96,10 @@ class NativeStep:
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need)
         scratch = self._scratch
-        best = self.lib.eagle3_step(ctypes.byref(self.weights), _ptr(embed), _ptr(hidden),
-                                    position, _ptr(cache._k), _ptr(cache._v),
-                                    cache._k.shape[1], cache.length, _ptr(out), _ptr(logits),
-                                    _ptr(scratch))
+        best = self.lib.eagle3_step(self._weights_ref, embed.data_ptr(), hidden.data_ptr(),
+                                    position, cache._k.data_ptr(), cache._v.data_ptr(),
+                                    cache._k.shape[1], cache.length, out.data_ptr(),
+                                    logits.data_ptr(), scratch.data_ptr())
         cache.length += 1
         return out[None], logits, int(best)
 
