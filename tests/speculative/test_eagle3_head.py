@@ -34,7 +34,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "eagle3" / "train_ea
 CFG = Eagle3Config(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                    intermediate_size=40, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=60,
                    draft_vocab_size=60, tap_layers=(1, 2, 3), embed_scale=3.0)
-DEMO_TOP1_FLOOR = 0.28  # the shipped head reaches 0.321 on these 8 windows (0.284 on all held-out)
+DEMO_TOP1_FLOOR = 0.32  # the shipped head reaches 0.351 on these 8 windows (0.331 on all held-out)
 
 
 def random_head(cfg: Eagle3Config = CFG, seed: int = 0) -> Eagle3Head:
