@@ -88,22 +88,22 @@ def test_a_folder_with_a_forged_manifest_is_not_an_artifact(tmp_path):
 def test_build_never_writes_over_the_source_model(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(demo_model_path(), model)
-    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    before = {str(p.relative_to(model)): p.read_bytes() for p in model.rglob("*") if p.is_file()}
     for out in (model, tmp_path):  # the model folder itself, and a folder containing it
         res = _build(str(model), *FAST, "-o", str(out), "--force")
         assert res.exit_code == 1 and "source model" in res.output, res.output
-    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+    assert {str(p.relative_to(model)): p.read_bytes() for p in model.rglob("*") if p.is_file()} == before
 
 
 def test_quantize_never_writes_over_the_source_model(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(demo_model_path(), model)
-    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    before = {str(p.relative_to(model)): p.read_bytes() for p in model.rglob("*") if p.is_file()}
     res = runner.invoke(app, ["quantize", str(model), "--preset", "q4_0", "-o", str(model),
                               "--force", "--samples", "2", "--seq-len", "32"])
     assert res.exit_code == 1 and "source model" in res.output, res.output
     assert "calibrat" not in res.output.lower().split("error")[0]  # refused before any work
-    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+    assert {str(p.relative_to(model)): p.read_bytes() for p in model.rglob("*") if p.is_file()} == before
 
 
 def test_quantize_force_refuses_a_foreign_folder(tmp_path):

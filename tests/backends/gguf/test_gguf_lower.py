@@ -304,10 +304,10 @@ def test_llama_logs_show_warnings_and_errors_but_not_the_compute_buffer_note(cap
     size note llama.cpp prints when an InfLLM v2 context is freed."""
     import llama_cpp
 
-    from arkinfer.backends.gguf import runner as gguf_runner
+    from arkinfer.backends.gguf import llamacpp_lib
 
-    gguf_runner.quiet_llama_logs(llama_cpp)
-    log = gguf_runner._LOG_STATE["callback"]
+    llamacpp_lib.quiet_llama_logs(llama_cpp)
+    log = llamacpp_lib._LOG_STATE["callback"]
     log(3, b"graph_infllm: running DENSE attention\n", None)
     log(4, b"failed to decode", None)
     log(5, b" (continued)\n", None)
