@@ -97,3 +97,12 @@ def test_a_head_for_another_vocabulary_is_refused(tmp_path):
     with pytest.raises(ArkError, match="4096"):
         resolve_plan("demo", target="host", quant="q4_0", out=tmp_path / "x",
                      draft=f"eagle3:{head}")
+
+
+def test_run_and_serve_use_the_carried_draft_unless_told_not_to(eagle_artifact):
+    from arkinfer.chat.model import open_chat_model
+
+    carried = open_chat_model(eagle_artifact)
+    assert carried.draft is not None and carried.draft.name.startswith("eagle3")
+    assert open_chat_model(eagle_artifact, draft="none").draft is None
+    assert open_chat_model(eagle_artifact, draft="lookup").draft.name == "lookup"
