@@ -28,18 +28,11 @@ def parse_draft(spec: str, target: Runner) -> Draft:
     if spec == "lookup":
         return LookupDraft()
     if spec.startswith("self:"):
-        layers = spec.removeprefix("self:")
-        if not (layers.isascii() and layers.isdigit()):
-            raise ArkError(f"--draft {spec!r}: N in self:N must be a number of layers >= 1",
-                           hint="e.g. --draft self:2")
-        return self_draft(target, int(layers))  # checks 1 <= N < the target's layer count
-    if spec == "eagle3:demo":
-        from arkinfer.frontend.demo import demo_eagle3_path
-
-        return eagle3_draft(demo_eagle3_path(), target)
-    path = Path(spec.removeprefix("eagle3:"))
-    if spec.startswith("eagle3:") or is_eagle3_head(path):
-        return eagle3_draft(path, target)
+        return self_draft(target, self_layers(spec))  # checks 1 <= N < the target's layers
+    head = head_path(spec)
+    if head is not None:
+        return eagle3_draft(head, target)
+    path = Path(spec)
     if not path.is_dir():
         raise ArkError(f"--draft {spec!r} is not a draft: use {DRAFT_FORMS}",
                        hint="e.g. --draft lookup, or --draft dist/small.host.q4_0")
@@ -47,6 +40,26 @@ def parse_draft(spec: str, target: Runner) -> Draft:
 
     _, runner = load_runner(path)
     return ModelDraft(runner, target, name=path.name)
+
+
+def self_layers(spec: str) -> int:
+    """N of a "self:N" spec; ArkError when N is not a number."""
+    layers = spec.removeprefix("self:")
+    if not (layers.isascii() and layers.isdigit()):
+        raise ArkError(f"--draft {spec!r}: N in self:N must be a number of layers >= 1",
+                       hint="e.g. --draft self:2")
+    return int(layers)
+
+
+def head_path(spec: str) -> Path | None:
+    """The EAGLE-3 head folder `spec` names ("eagle3:demo": the demo's, "eagle3:PATH", or a
+    folder whose config.json names the head architecture), else None."""
+    if spec == "eagle3:demo":
+        from arkinfer.frontend.demo import demo_eagle3_path
+
+        return demo_eagle3_path()
+    path = Path(spec.removeprefix("eagle3:"))
+    return path if spec.startswith("eagle3:") or is_eagle3_head(path) else None
 
 
 def is_eagle3_head(path: Path) -> bool:

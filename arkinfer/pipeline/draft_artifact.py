@@ -1,7 +1,7 @@
 """A draft carried by an artifact (`arkinfer build ... --draft SOURCE [--draft-vocab K]`).
 
-    check_draft_request("eagle3:demo", 512, raw_config)          # at plan time, before any work
-    record = write_draft(plan, checkpoint, staging, step)          # during build: files + record
+    check_draft_request("eagle3:demo", 512, raw_config, "gguf")  # at plan time, before any work
+    record = write_draft("eagle3:demo", 512, checkpoint, None, staging, step)  # during build
     draft = artifact_draft(artifact_dir, manifest, target_runner)  # run / serve / bench / verify
 
 What the artifact holds, by kind (manifest["draft"]):
@@ -29,23 +29,12 @@ import torch
 from arkinfer.errors import ArkError
 
 from . import manifest as mf
+from .draft import DRAFT_FORMS, eagle3_draft, head_path, parse_draft, self_layers
 
 DRAFT_DIR = "draft"
 FREQUENCIES = "token_frequencies.json"
 WEIGHTS_NOTE = ("bfloat16, not quantised: GPTQ on a draft head lowers its accepted length (the "
                 "MiniCPM4 report quantises its draft with QAT instead); computed in float32")
-
-
-def _head_path(spec: str) -> Path | None:
-    """The head folder `spec` names ("eagle3:demo", "eagle3:PATH" or a head folder), else None."""
-    from .draft import is_eagle3_head
-
-    if spec == "eagle3:demo":
-        from arkinfer.frontend.demo import demo_eagle3_path
-
-        return demo_eagle3_path()
-    path = Path(spec.removeprefix("eagle3:"))
-    return path if spec.startswith("eagle3:") or is_eagle3_head(path) else None
 
 
 #: backends whose runners draft from the target's own layers: self:N and EAGLE-3 heads (taps)
@@ -60,14 +49,12 @@ def check_draft_request(spec: str | None, draft_vocab: int | None, raw: dict,
     without a head or outside 1..V."""
     from arkinfer.speculative.self_draft import check_layers
 
-    from .draft import DRAFT_FORMS
-
     vocab, layers = int(raw.get("vocab_size") or 0), int(raw.get("num_hidden_layers") or 0)
     if spec is None:
         if draft_vocab is not None:
             raise ArkError("--draft-vocab needs a draft head", hint="add --draft eagle3:HEAD")
         return
-    head = _head_path(spec)
+    head = head_path(spec)
     if draft_vocab is not None and head is None:
         raise ArkError(f"--draft-vocab restricts an EAGLE-3 head's LM head; --draft {spec!r} has "
                        "none", hint="drop --draft-vocab, or draft with an EAGLE-3 head")
@@ -84,11 +71,7 @@ def check_draft_request(spec: str | None, draft_vocab: int | None, raw: dict,
                        hint=f"use --draft lookup, or --backend "
                        f"{' / '.join(LAYER_DRAFT_BACKENDS)}")
     if spec.startswith("self:"):
-        n = spec.removeprefix("self:")
-        if not (n.isascii() and n.isdigit()):
-            raise ArkError(f"--draft {spec!r}: N in self:N must be a number of layers >= 1",
-                           hint="e.g. --draft self:2")
-        check_layers(int(n), layers, "the model")
+        check_layers(self_layers(spec), layers, "the model")
         return
     if head is not None:
         from arkinfer.speculative.eagle3_head import load_eagle3
@@ -111,14 +94,13 @@ def write_draft(spec: str | None, draft_vocab: int | None, checkpoint, calib_pat
     """Put the draft `spec` into the artifact being built in `staging`; its manifest record."""
     if spec is None:
         return None
-    head = _head_path(spec)
+    head = head_path(spec)
     if head is not None:
         return _write_head(spec, head, draft_vocab, checkpoint, calib_path, staging, step)
     if spec == "lookup":
         return {"source": spec, "kind": "lookup", "folder": None}
     if spec.startswith("self:"):
-        return {"source": spec, "kind": "self", "folder": None,
-                "layers": int(spec.removeprefix("self:"))}
+        return {"source": spec, "kind": "self", "folder": None, "layers": self_layers(spec)}
     folder = Path(spec).resolve()
     return {"source": spec, "kind": "model", "folder": None, "path": str(folder),
             "manifest_sha256": mf.sha256_file(folder / mf.MANIFEST_NAME)}
@@ -177,8 +159,6 @@ def calibration_streams(checkpoint, calib_path) -> tuple[list[list[int]], str]:
 
 def artifact_draft(artifact: Path, manifest: dict, target):
     """The draft the artifact carries, for `target` (its runner), or None when it has none."""
-    from .draft import eagle3_draft, parse_draft
-
     record = manifest.get("draft")
     if not record:
         return None
