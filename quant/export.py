@@ -261,6 +261,7 @@ def build_summary(run: CalibrationRun, fmt_name: str, qcfg: dict, stats: dict,
         "quality": None,
         "timings": {"calibration_seconds": run.seconds,
                     "per_block_seconds": [b["seconds"] for b in run.blocks]},
+        "calibration_device": run.device,
     }
 
 

@@ -99,7 +99,7 @@ def find_params(w_group: torch.Tensor, bits: int, sym: bool,
         tiny = torch.finfo(scale_dtype).smallest_normal
         scale = scale.to(scale_dtype).float()
         # A row of denormal-small weights can round to a zero scale: keep it nonzero.
-        scale = torch.where(scale == 0, torch.tensor(tiny, dtype=torch.float32), scale)
+        scale = torch.where(scale == 0, tiny, scale)
     if sym:
         zero = torch.full_like(scale, float(1 << (bits - 1)))
     else:
@@ -124,7 +124,7 @@ def _minmax(w: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, torch.
 def _signed_max(w: torch.Tensor, bits: int) -> torch.Tensor:
     """ggml's symmetric scale per row: the value of largest magnitude over -2^(bits-1)."""
     m = w.gather(1, w.abs().argmax(dim=1, keepdim=True))[:, 0]
-    m = torch.where(m == 0, torch.tensor(-1.0), m)  # an all-zero row: any finite scale
+    m = torch.where(m == 0, -1.0, m)  # an all-zero row: any finite scale
     return m / -float(1 << (bits - 1))
 
 
@@ -153,7 +153,7 @@ def _search_sym(w: torch.Tensor, bits: int, start: torch.Tensor,
 
 
 def _sym_error(w: torch.Tensor, scale: torch.Tensor, half: float, wt: torch.Tensor) -> torch.Tensor:
-    s = torch.where(scale == 0, torch.tensor(1.0), scale)[:, None]
+    s = torch.where(scale == 0, 1.0, scale)[:, None]
     q = torch.clamp(torch.round(w / s), -half, half - 1)
     return (wt * (w - s * q) ** 2).sum(dim=1)
 
@@ -166,9 +166,9 @@ def _search_asym(w: torch.Tensor, bits: int, wt: torch.Tensor,
     zeros), or with the float min itself (`float_min`, K-quants)."""
     error = _float_min_error if float_min else _asym_error
     maxq = float((1 << bits) - 1)
-    lo = torch.minimum(w.amin(dim=1), torch.zeros(()))
-    hi = torch.maximum(w.amax(dim=1), torch.zeros(()))
-    span = torch.where(hi > lo, hi - lo, torch.ones(()))
+    lo = w.amin(dim=1).clamp(max=0.0)
+    hi = w.amax(dim=1).clamp(min=0.0)
+    span = torch.where(hi > lo, hi - lo, 1.0)
     best_s, best_min = span / maxq, lo
     best_err = error(w, best_s, best_min, maxq, wt)
     sw, sx = wt.sum(dim=1), (wt * w).sum(dim=1)
@@ -178,12 +178,12 @@ def _search_asym(w: torch.Tensor, bits: int, wt: torch.Tensor,
         sl, sl2, sxl = (wt * q).sum(dim=1), (wt * q * q).sum(dim=1), (wt * q * w).sum(dim=1)
         det = sw * sl2 - sl * sl
         ok = det > 0
-        det = torch.where(ok, det, torch.ones(()))
+        det = torch.where(ok, det, 1.0)
         scale = (sw * sxl - sx * sl) / det
         mn = (sl2 * sx - sl * sxl) / det
         fix = mn > 0  # the range keeps 0: refit the scale alone with min 0
         scale = torch.where(fix, sxl / sl2.clamp_min(1e-30), scale)
-        mn = torch.where(fix, torch.zeros(()), mn)
+        mn = torch.where(fix, 0.0, mn)
         ok = ok & (scale > 0)
         err = error(w, torch.where(ok, scale, best_s), torch.where(ok, mn, best_min), maxq, wt)
         better = ok & (err < best_err)
@@ -259,8 +259,8 @@ def _search_levels(w: torch.Tensor, levels: torch.Tensor, wt: torch.Tensor | Non
     if not search:
         return start
     wt = w * w if wt is None else wt
-    safe_m = torch.where(m == 0, torch.tensor(1.0), m)
-    trials = torch.arange(-7, 8, dtype=torch.float32)
+    safe_m = torch.where(m == 0, 1.0, m)
+    trials = torch.arange(-7, 8, dtype=torch.float32, device=w.device)
     inv = torch.cat([(-edge / safe_m)[:, None], (edge + trials)[None, :] / safe_m[:, None]], 1)
     q = levels[nearest_level(inv[:, :, None] * w[:, None, :], levels)]  # [rows, trials, cols]
     sumqx = (wt[:, None, :] * q * w[:, None, :]).sum(dim=2)
@@ -269,13 +269,15 @@ def _search_levels(w: torch.Tensor, levels: torch.Tensor, wt: torch.Tensor | Non
     best = score.argmax(dim=1, keepdim=True)
     fit = (sumqx.gather(1, best) / sumq2.gather(1, best).clamp_min(1e-30))[:, 0]
     ok = (score.gather(1, best)[:, 0] > 0) & (m != 0)
-    return torch.where(ok, fit, torch.where(m == 0, torch.zeros(()), start))
+    return torch.where(ok, fit, torch.where(m == 0, 0.0, start))
 
 
-def format_levels(fmt: Format | None) -> torch.Tensor | None:
-    """A codebook format's table of levels, float32 [2^bits]; None for every other format."""
+def format_levels(fmt: Format | None,
+                  device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """A codebook format's table of levels, float32 [2^bits] on `device`; None for every other
+    format."""
     lv = None if fmt is None else fmt.constraints.levels
-    return None if lv is None else torch.tensor(lv, dtype=torch.float32)
+    return None if lv is None else torch.tensor(lv, dtype=torch.float32, device=device)
 
 
 def resolve_format(fmt: Format | str | None) -> Format | None:
@@ -314,27 +316,33 @@ def group_params(w: torch.Tensor, bits: int, size: int, sym: bool, *,
     imp = None
     if importance is not None:
         imp = importance.float().reshape(1, n, size).expand(rows, -1, -1).reshape(-1, size)
-    levels = format_levels(fmt)
+    levels = format_levels(fmt, w.device)
     if levels is not None:
         scale = _search_levels(groups, levels, None if imp is None else imp.clamp_min(0),
                                grid == "mse")
         if scale_dtype is not None:
             scale = scale.to(scale_dtype).float()
-        zero = torch.full((rows, n), float(1 << (bits - 1)))
+        zero = torch.full((rows, n), float(1 << (bits - 1)), device=w.device)
         return scale.reshape(rows, n), zero, None
     if fmt is not None and fmt.constraints.float_mins:
         scale, low = _scale_min(groups, bits, grid, imp)
         if scale_dtype is not None:
             scale = scale.to(scale_dtype).float()
-        s, m = fmt.snap_params(scale.reshape(rows, n).numpy(), low.reshape(rows, n).numpy())
-        return (torch.from_numpy(np.ascontiguousarray(s, np.float32)), torch.zeros(rows, n),
-                torch.from_numpy(np.ascontiguousarray(m, np.float32)))
+        s, m = fmt.snap_params(scale.reshape(rows, n).cpu().numpy(),
+                               low.reshape(rows, n).cpu().numpy())
+        return (_from_numpy(s, w.device), torch.zeros(rows, n, device=w.device),
+                _from_numpy(m, w.device))
     scale, zero = find_params(groups, bits, sym, scale_dtype, grid, imp)
     scale, zero = scale.reshape(rows, n), zero.reshape(rows, n)
     if fmt is not None:
-        s, _ = fmt.snap_params(scale.numpy())
-        scale = torch.from_numpy(np.ascontiguousarray(s, np.float32))
+        s, _ = fmt.snap_params(scale.cpu().numpy())
+        scale = _from_numpy(s, w.device)
     return scale, zero, None
+
+
+def _from_numpy(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """float32 tensor on `device` from a numpy array (the formats snap parameters in numpy)."""
+    return torch.from_numpy(np.ascontiguousarray(a, np.float32)).to(device)
 
 
 def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = True, *,
@@ -358,7 +366,7 @@ def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = 
     scale, zero, low = group_params(w, bits, size, sym, scale_dtype=scale_dtype, grid=grid,
                                     importance=importance, fmt=fmt)
     groups = w.float().reshape(out, inp // size, size)
-    levels = format_levels(resolve_format(fmt))
+    levels = format_levels(resolve_format(fmt), w.device)
     if levels is not None:
         codes = quantize_to_levels(groups, scale[..., None], levels)
     elif low is not None:

@@ -67,7 +67,9 @@ class QuantizedWeight:
     """Canonical quantised weight; see the module docstring for the layout and the definition.
 
     Construction validates shapes, dtypes and ranges and raises `QuantError` naming the bad value.
-    Tensors are torch CPU tensors; `numpy()` gives the same arrays for the numpy format packers.
+    Tensors stay on the device they were made on (calibration on CUDA makes them there; `to`
+    moves them, e.g. `.to("cpu")` before saving); `numpy()` gives the same arrays as CPU numpy
+    arrays for the numpy format packers.
     """
 
     codes: torch.Tensor  # uint8 [out, in]
@@ -215,7 +217,8 @@ class QuantizedWeight:
 
     def _static_g_idx(self) -> torch.Tensor:
         size = self.in_features if self.group_size == -1 else self.group_size
-        return (torch.arange(self.in_features, dtype=torch.int32) // max(size, 1)).to(torch.int32)
+        return (torch.arange(self.in_features, dtype=torch.int32, device=self.codes.device)
+                // max(size, 1)).to(torch.int32)
 
     def group_index(self) -> torch.Tensor:
         """int64 [in]: the group of every input column (g_idx, or k // group_size)."""
@@ -238,13 +241,28 @@ class QuantizedWeight:
         (static grouping written out when g_idx is None); mins float32 [out, n_groups] too when
         the weight has them; levels float32 [2^bits] for a codebook weight."""
         gi = self.g_idx if self.g_idx is not None else self._static_g_idx()
-        out = {"codes": self.codes.numpy(), "scales": self.scales.numpy(),
-               "zeros": self.zeros.numpy(), "g_idx": gi.numpy()}
+        out = {"codes": self.codes.cpu().numpy(), "scales": self.scales.cpu().numpy(),
+               "zeros": self.zeros.cpu().numpy(), "g_idx": gi.cpu().numpy()}
         if self.mins is not None:
-            out["mins"] = self.mins.numpy()
+            out["mins"] = self.mins.cpu().numpy()
         if self.levels is not None:
-            out["levels"] = self.levels.numpy()
+            out["levels"] = self.levels.cpu().numpy()
         return out
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def to(self, device: torch.device | str) -> QuantizedWeight:
+        """The same weight with every tensor on `device` (itself when already there)."""
+        if self.codes.device == torch.device(device):
+            return self
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+        return QuantizedWeight(move(self.codes), move(self.scales), move(self.zeros), self.bits,
+                               self.group_size, self.sym, move(self.g_idx), self.kind, self.name,
+                               move(self.mins), move(self.levels))
 
     def equals(self, other: QuantizedWeight) -> bool:
         """Bit-exact equality of codes, scales, zeros, mins, g_idx and the metadata."""
@@ -310,4 +328,4 @@ def _as_tensor(value: object, dtype: torch.dtype, what: str, name: str) -> torch
         if lo < info.min or hi > info.max:
             raise QuantError(f"{what} of quantised weight {name!r} span {lo}..{hi}, outside "
                              f"{dtype}", "clamp the values to the code range")
-    return t.detach().to("cpu", dtype).contiguous()
+    return t.detach().to(dtype=dtype).contiguous()

@@ -36,6 +36,11 @@ CalibOpt = Annotated[Path | None, typer.Option(
     "slow on CPU: e.g. --calib self --samples 32 --seq-len 512). Default: the built-in corpus "
     "(prose, chat, code, technical, legal, math, Chinese, Spanish/German/Italian; "
     "arkinfer/data/calib/).")]
+DeviceOpt = Annotated[str, typer.Option(
+    "--device", help="Where GPTQ, P-GPTQ and AWQ calibration runs: auto (a CUDA GPU when torch "
+    "sees one, else the CPU), cpu, cuda or cuda:N. Blocks stream to the GPU one at a time, so "
+    "it needs one block, its activations and Hessians (an 8B model at 128 x 2048 tokens: about "
+    "25 GB). RTN / ternary quantise on the CPU from the weights alone. E.g. --device cuda")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output of the same "
                                         "kind (never a folder ArkInfer did not write).")]
 

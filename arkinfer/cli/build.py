@@ -11,7 +11,15 @@ from rich.markup import escape
 from rich.text import Text
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import BackendOpt, CalibOpt, ForceOpt, JsonOpt, QuantOpt, TargetOpt
+from arkinfer.cli._options import (
+    BackendOpt,
+    CalibOpt,
+    DeviceOpt,
+    ForceOpt,
+    JsonOpt,
+    QuantOpt,
+    TargetOpt,
+)
 from arkinfer.cli._output import console, err_console, print_json, print_kv, terminal_safe
 
 HELP = ("Build a verified artifact: load -> trace -> quantise -> lower -> verify -> write. The "
@@ -112,6 +120,7 @@ def command(
         "--draft", help="A draft carried in the artifact, which run, serve and bench --speculative "
         "then use by default: an EAGLE-3 head's folder (eagle3:PATH; eagle3:demo is the demo's), "
         "'lookup', 'self:N' or a draft artifact's folder (docs/speculative.md).")] = None,
+    device: DeviceOpt = "auto",
     draft_vocab: Annotated[int | None, typer.Option(
         "--draft-vocab", min=1, help="FR-Spec: keep only the K tokens most frequent in the "
         "calibration text in the draft head's LM head (e.g. 30 % of the vocabulary); the "
@@ -126,7 +135,8 @@ def command(
     overrides = parse_threshold_overrides(threshold)
     # KEY=VALUE strings: the plan checks them against the keys the chosen backend declares
     plan = resolve_plan(model, target=target, quant=quant, backend=backend, out=out,
-                        calib=CalibSettings(calib, samples, seq_len, report=report),
+                        calib=CalibSettings(calib, samples, seq_len, report=report,
+                                            device=device),
                         options=option or [], force=force, draft=draft,
                         draft_vocab=draft_vocab)
     if not json_out:

@@ -10,7 +10,14 @@ from typing import Annotated
 import typer
 
 from arkinfer.cli._errors import handle_errors
-from arkinfer.cli._options import CalibOpt, ForceOpt, JsonOpt, ModelArg, seed_in_range
+from arkinfer.cli._options import (
+    CalibOpt,
+    DeviceOpt,
+    ForceOpt,
+    JsonOpt,
+    ModelArg,
+    seed_in_range,
+)
 from arkinfer.cli._output import (
     console,
     err_console,
@@ -173,10 +180,12 @@ def command(
         "on for AWQ (its clipping shrinks the weights; the refit lowered the KL on every "
         "development and held-out text), off for GPTQ / P-GPTQ (0-2 % on development text, "
         "nothing held out).", show_default=False)] = None,
+    device: DeviceOpt = "auto",
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     from arkinfer.frontend.checkpoint import open_checkpoint
+    from arkinfer.quant.calib.device import resolve_device
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib.weight_only import is_weight_only, quantize_weight_only
     from arkinfer.quant.calib_data import calibration_of, check_calibration_size
@@ -189,6 +198,7 @@ def command(
                           grid.value if grid else None, budget)
     ckpt = open_checkpoint(model)
     check_quantised_output(out, ckpt.path, force=force)  # before hours of calibration
+    resolve_device(device)  # --device cuda without a GPU: refused before any work
     if group_size is None:  # the preset's group, fitted to the model as `build` fits it
         recipe, notes = fit_recipe(recipe, ckpt.raw_config)
         for note in notes:
@@ -228,7 +238,7 @@ def command(
 
         def run_it(progress=None):
             return calibrate(ckpt, recipe, data, work, options=options, resume=resume,
-                             strict=strict, progress=progress)
+                             strict=strict, progress=progress, device=device)
     try:
         if json_out:
             run = run_it()

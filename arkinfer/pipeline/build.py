@@ -262,7 +262,7 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
         static = plan.recipe.calib in ("gptq", "pgptq") and not plan.recipe.desc_act
         options = {"act_order": True, "static_groups": True} if static else None
         run = calibrate(ckpt, plan.recipe, data, work / "calib", options=options,
-                        progress=rep.blocks)
+                        progress=rep.blocks, device=c.device)
     else:  # RTN / ternary: tensor by tensor from the weights, no activations
         run = quantize_weight_only(ckpt, plan.recipe, work / "calib", progress=rep.blocks)
     folder = export_folder(run, work / "quantised")
@@ -276,6 +276,7 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
     return {"scheme": plan.quant, "dtype": plan.dtype, "recipe": recipe,
             "calibration": summary["calibration"],
             "calibration_sha256": summary["calibration_sha256"],
+            "calibration_device": summary.get("calibration_device"),
             "bits_per_weight": summary["bits_per_weight"], "layers": layers,
             "float_layers": summary["float_linears"]}, folder
 

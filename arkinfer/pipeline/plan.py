@@ -33,6 +33,7 @@ class CalibSettings:
     seq_len: int = 512
     seed: int = 0
     report: bool = False
+    device: str = "auto"  # where calibration runs (quant/calib/device.py)
 
     def needed(self, recipe: Any) -> bool:
         """True when a build with `recipe` runs calibration."""
@@ -162,6 +163,9 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
 
         check_calibration_size(c.samples, c.seq_len, raw.get("max_position_embeddings"),
                                raw.get("hidden_size"))
+        from arkinfer.quant.calib.device import resolve_device
+
+        resolve_device(c.device)  # --device cuda without a GPU: refused before any work
     from .draft_artifact import check_draft_request
 
     check_draft_request(draft, draft_vocab, raw, name)

@@ -173,7 +173,8 @@ class AWQCalibrator(BlockCalibrator):
         c = self.config
         names = [g.linears[0] for g in GROUPS]
         n_keep = min(c.search_samples, runner.inputs.shape[0])
-        sums = {n: torch.zeros(runner.linear(n).in_features, dtype=torch.float64) for n in names}
+        sums = {n: torch.zeros(runner.linear(n).in_features, dtype=torch.float64,
+                               device=runner.device) for n in names}
         kept: dict[str, list[Tensor]] = {n: [] for n in names}
         count = {"tokens": 0}
 

@@ -229,18 +229,20 @@ class BlockCalibrator:
                result: BlockResult, h: Tensor | None, original: Tensor | None = None,
                extra: dict | None = None) -> bool:
         """Check `qw` against the format; install it (or keep float and report the refusal).
-        `original` is the weight Ŵ is compared with (default: the linear's current weight)."""
+        `original` is the weight Ŵ is compared with (default: the linear's current weight).
+        `qw` may live on the block's device; `result` gets a CPU copy (what is saved)."""
         full = runner.full(name)
-        why = ctx.refusal(qw, full)
+        stored = qw.to("cpu")
+        why = ctx.refusal(stored, full)
         if why is not None:
             result.reports.append(LinearReport(full, "refused", "float", reason=why))
             return False
         w = runner.weight(name) if original is None else original
-        w_hat = qw.dequantize()
+        w_hat = qw.to(w.device).dequantize()
         snr = hessian_snr_db(w, w_hat, h) if h is not None else None
         runner.set_weight(name, w_hat)
         trim_heap()
-        result.quantized[full] = qw
+        result.quantized[full] = stored
         layer = ctx.layer(full)
         recipe = self.describe() if layer is None else \
             f"{self.name} {layer.bits}-bit -> {layer.fmt.name} (layer override)"

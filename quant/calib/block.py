@@ -6,7 +6,7 @@
     out = runner.run()                                   # [N, T, H] outputs of the whole block
 
 `inputs` float32 [N, T, H] are the block's input hidden states for N calibration sequences of T
-tokens; `mask` bool [N, T] marks real tokens (False = padding). Sequences run `batch` at a time
+tokens, on the device the block runs on (its weights, `mask` and `rope` are there too); `mask` bool [N, T] marks real tokens (False = padding). Sequences run `batch` at a time
 from an empty KV cache with positions 0..T-1. Capturing a linear's input registers a forward
 pre-hook; when nothing later in the block is needed the forward stops right after it.
 
@@ -49,7 +49,8 @@ class BlockRunner:
         self.layer, self.prefix = layer, prefix
         self.inputs, self.mask, self.rope = inputs, mask.to(torch.bool), rope
         self.batch = max(1, int(batch))
-        self.positions = torch.arange(inputs.shape[1])
+        self.device = inputs.device
+        self.positions = torch.arange(inputs.shape[1], device=self.device)
         self.reference: Tensor | None = None
         self.pristine = True
         attn = layer.self_attn
@@ -66,9 +67,11 @@ class BlockRunner:
         return self.linear(name).weight.detach()
 
     def set_weight(self, name: str, w: Tensor) -> None:
-        """Replace a linear's weight (float32 [out, in]) — the block is no longer the float one."""
+        """Replace a linear's weight (float32 [out, in], moved to the block's device) — the block
+        is no longer the float one."""
         lin = self.linear(name)
-        lin.weight = nn.Parameter(w.detach().to(torch.float32).contiguous(), requires_grad=False)
+        lin.weight = nn.Parameter(w.detach().to(self.device, torch.float32).contiguous(),
+                                  requires_grad=False)
         self.pristine = False
 
     def mark_modified(self) -> None:
@@ -150,8 +153,8 @@ class BlockRunner:
         tokens, added with `prefix_cap` (see hessian.py; 0 = dropped). The forward runs to the
         end (recording the float reference) when the block is pristine and has none."""
         keep = self.mask if keep is None else keep.to(torch.bool)
-        accs = {n: HessianAccumulator(self.linear(n).in_features, self.full(n), prefix_cap)
-                for n in names}
+        accs = {n: HessianAccumulator(self.linear(n).in_features, self.full(n), prefix_cap,
+                                      self.device) for n in names}
 
         def make(name: str) -> InputHook:
             def fn(x: Tensor, rows: slice) -> None:

@@ -155,9 +155,11 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
 
     diag_h = torch.diag(hessian).to(dtype).clone()
     diag_h[dead] = 1
-    scales = torch.zeros(out, n_groups, dtype=torch.float32)
-    zeros = torch.zeros(out, n_groups, dtype=torch.float32)
-    mins = torch.zeros(out, n_groups) if fmt is not None and fmt.constraints.float_mins else None
+    dev = W.device
+    scales = torch.zeros(out, n_groups, dtype=torch.float32, device=dev)
+    zeros = torch.zeros(out, n_groups, dtype=torch.float32, device=dev)
+    mins = torch.zeros(out, n_groups, device=dev) \
+        if fmt is not None and fmt.constraints.float_mins else None
     static = group_size == -1 or static_groups
     if static and fmt is not None:
         scales, zeros, m = group_params(W, bits, size, sym, scale_dtype=scale_dtype, grid=grid,
@@ -181,12 +183,12 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
         U, damp_used = inverse_cholesky(H, damp, name)
     del H
 
-    codes = torch.zeros(out, cols, dtype=torch.uint8)  # permuted column order
+    codes = torch.zeros(out, cols, dtype=torch.uint8, device=dev)  # permuted column order
     diag_p = diag_h if perm is None else diag_h[perm]  # importance in the permuted order
     perm_list = perm.tolist() if perm is not None else None
     block = block_size_for(span if group_size != -1 else group_size, block_size)
     params = _Params(scales, zeros, mins, size, span, fmt)
-    loss = torch.zeros((), dtype=torch.float64)
+    loss = torch.zeros((), dtype=torch.float64, device=dev)
     with single_thread():  # the column loop is ~10 tiny ops per column: threads only add waits
         for i1 in range(0, cols, block):
             i2 = min(i1 + block, cols)
@@ -241,7 +243,7 @@ class _Params:
     @property
     def levels(self) -> Tensor | None:
         """The codebook format's table of levels (value = scale * level), else None."""
-        return format_levels(self.fmt)
+        return format_levels(self.fmt, self.scales.device)
 
     def fill(self, src: Tensor, c: int, bits: int, sym: bool, scale_dtype: torch.dtype | None,
              grid: Grid, importance: Tensor) -> None:
@@ -269,7 +271,7 @@ def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, params: _Params, static
     maxq = (1 << bits) - 1
     W1 = W[:, i1:i2].T.contiguous()  # [b, out]
     U1 = U[i1:i2, i1:i2]
-    codes = torch.empty(i2 - i1, W.shape[0], dtype=torch.uint8)
+    codes = torch.empty(i2 - i1, W.shape[0], dtype=torch.uint8, device=W.device)
     errors = torch.empty_like(W1)
     s = z = m = None
     size, span, snapped = params.size, params.span, params.fmt is not None

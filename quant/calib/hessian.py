@@ -57,7 +57,7 @@ def gram(x: torch.Tensor) -> torch.Tensor:
     bands = max(1, n // GRAM_BAND)
     if bands == 1:
         return x.T @ x
-    out = torch.empty(n, n, dtype=x.dtype)
+    out = torch.empty(n, n, dtype=x.dtype, device=x.device)
     edges = [n * i // bands for i in range(bands + 1)]
     for a0, a1 in zip(edges[:-1], edges[1:]):
         band = x[:, a0:a1].T @ x[:, a0:]          # [a1 - a0, n - a0]
@@ -68,16 +68,18 @@ def gram(x: torch.Tensor) -> torch.Tensor:
 
 class HessianAccumulator:
     """Running `Σ x xᵀ` (float64) and token count for one linear layer's input; with
-    `prefix_cap` (P-GPTQ) also the prefix tokens, kept aside [n, in] float32 until `hessian()`."""
+    `prefix_cap` (P-GPTQ) also the prefix tokens, kept aside [n, in] float32 until `hessian()`.
+    Everything lives on `device` (the device of the inputs it is given)."""
 
-    def __init__(self, in_features: int, name: str = "", prefix_cap: float = 0.0) -> None:
+    def __init__(self, in_features: int, name: str = "", prefix_cap: float = 0.0,
+                 device: torch.device | str = "cpu") -> None:
         if prefix_cap < 0:
             raise QuantError(f"prefix cap={prefix_cap} for {name or 'a linear'!r} is negative",
                              "use 0 (drop the prefix) or a positive norm ratio such as 10")
         self.in_features = in_features
         self.name = name
         self.prefix_cap = float(prefix_cap)
-        self.sum = torch.zeros(in_features, in_features, dtype=torch.float64)
+        self.sum = torch.zeros(in_features, in_features, dtype=torch.float64, device=device)
         self.count = 0
         self.prefix: list[torch.Tensor] = []
 
@@ -128,12 +130,12 @@ class HessianAccumulator:
         `release` frees the float64 sum (the accumulator cannot be used afterwards)."""
         self._fold_prefix()
         if self.count == 0:
-            h = torch.zeros(self.in_features, self.in_features)
+            h = torch.zeros(self.in_features, self.in_features, device=self.sum.device)
         elif release:  # scale in place: no second float64 n x n tensor
             h = self.sum.mul_(2.0 / self.count).float()
         else:
             h = (self.sum * (2.0 / self.count)).float()
         if release:
-            self.sum = torch.empty(0, dtype=torch.float64)
+            self.sum = torch.empty(0, dtype=torch.float64, device=self.sum.device)
         return h
 

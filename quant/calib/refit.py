@@ -44,7 +44,7 @@ def _base(qw: QuantizedWeight) -> Tensor:
     if qw.levels is not None:
         return qw.levels[qw.codes.long()]
     groups = qw.g_idx.long() if qw.g_idx is not None else \
-        torch.arange(qw.codes.shape[1]) // qw.group_size
+        torch.arange(qw.codes.shape[1], device=qw.codes.device) // qw.group_size
     return qw.codes.float() - qw.zeros.float()[:, groups]
 
 
@@ -61,7 +61,7 @@ def refit_scales(qw: QuantizedWeight, w: Tensor, h: Tensor,
     order = torch.argsort(qw.g_idx.long(), stable=True) if qw.g_idx is not None else None
     base, w, h = _base(qw), w.float(), h.float()
     if damp:
-        h = h + damp * h.diagonal().mean() * torch.eye(cols)
+        h = h + damp * h.diagonal().mean() * torch.eye(cols, device=h.device)
     if order is not None:  # act-order groups: their columns made consecutive
         base, w, h = base[:, order], w[:, order], h[order][:, order]
     h_groups = h.reshape(cols, n_groups, size)
@@ -74,7 +74,7 @@ def refit_scales(qw: QuantizedWeight, w: Tensor, h: Tensor,
         m = torch.einsum("rgs,rgsh->rgh", b, hb.reshape(-1, n_groups, size, n_groups)).double()
         del hb
         v = (b * (w[r0:r0 + chunk] @ h).reshape(-1, n_groups, size)).sum(-1).double()  # [R, G]
-        eye = torch.eye(n_groups, dtype=m.dtype) * 1e-9 * m.diagonal(dim1=1, dim2=2).mean()
+        eye = torch.eye(n_groups, dtype=m.dtype, device=m.device) * 1e-9 * m.diagonal(dim1=1, dim2=2).mean()
         new = torch.linalg.solve(m + eye, v[..., None])[..., 0]
         if scale_dtype is not None:
             new = new.to(scale_dtype).double()

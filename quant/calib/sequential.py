@@ -74,7 +74,7 @@ class SequentialForward:
         self.next_group += 1
         if group == 0 and r.reference is None:
             r.take_reference(self.report_sequences)
-        accs = {n: HessianAccumulator(r.linear(n).in_features, r.full(n), prefix_cap)
+        accs = {n: HessianAccumulator(r.linear(n).in_features, r.full(n), prefix_cap, r.device)
                 for n in names}
         for j, rows in enumerate(self._rows()):
             x = self._stage(group, j, rows)

@@ -10,7 +10,11 @@
 3. after a block, `block_XXXX.safetensors` (canonical codes/scales/zeros/g_idx of every
    quantised linear, changed float tensors, the block's report) and `hidden.safetensors` (the
    next block's inputs, fp32 bit-exact) are written to the work dir (temp name + rename), then
-   `progress(i, n_layers, seconds)` is called;
+   `progress(i, n_layers, seconds)` is called. The inputs are rewritten after every block while
+   that is cheap; once writing them takes a second or more (an 8B model at 128 x 2048 tokens:
+   4.3 GB, ~10 s with its sha256) only after HIDDEN_SAVE_RATIO times that much block work and
+   after the last block, so checkpointing stays under ~10 % of the run and a resume redoes at
+   most that much work;
 4. with `resume=True` a work dir whose `run.json` key matches (source, config, recipe, options,
    calibration hash, batch) continues after the last block whose inputs were saved; the result
    is identical to an uninterrupted run (same ops in the same order on the same inputs). Every
@@ -20,7 +24,9 @@
    hidden states.
 
 Peak memory: one float32 block + its Hessians + calibration activations (a few [N, T, H]
-tensors), never the model.
+tensors), never the model. With `device="cuda"` (quant/calib/device.py) those live on the GPU and
+each block's report records the GPU's peak allocated bytes (`gpu_peak_bytes`); the host holds the
+calibration ids, one block's inputs while they are written, and the codes.
 """
 
 from __future__ import annotations
@@ -51,11 +57,14 @@ from ..recipe import QuantRecipe
 from ..weight import Kind, QuantError, QuantizedWeight
 from .base import CalibContext, block_snr_db, context_for, hessian_snr_db, trim_heap
 from .block import LINEARS, BlockRunner
+from .device import describe, exact_float32, peak_bytes, reset_peak, resolve_device
 from .hessian import HessianAccumulator
 from .registry import config_as_dict, config_for, handler_for
 
 ProgressFn = Callable[[int, int, float], None]
 WORK_VERSION = 1
+HIDDEN_SAVE_MIN_SECONDS = 1.0  # inputs that take less to write are written after every block
+HIDDEN_SAVE_RATIO = 10.0  # else after this many times their writing time of block work
 
 
 @dataclass
@@ -71,6 +80,7 @@ class CalibrationRun:
     blocks: list[dict] = field(default_factory=list)
     tail: dict | None = None
     seconds: float = 0.0
+    device: str = "cpu"
 
 
 # ----------------------------------------------------------------------------- serialisation
@@ -80,6 +90,7 @@ def save_weights(path: Path, quantized: dict[str, QuantizedWeight], floats: dict
     tensors: dict[str, Tensor] = {}
     meta: dict[str, Any] = {"linears": {}, "floats": sorted(floats), "info": info}
     for name, qw in quantized.items():
+        qw = qw.to("cpu")
         tensors[f"{name}.codes"] = qw.codes
         tensors[f"{name}.scales"] = qw.scales
         tensors[f"{name}.zeros"] = qw.zeros
@@ -92,7 +103,7 @@ def save_weights(path: Path, quantized: dict[str, QuantizedWeight], floats: dict
         meta["linears"][name] = {"bits": qw.bits, "group_size": qw.group_size, "sym": qw.sym,
                                  "kind": str(qw.kind)}
     for name, t in floats.items():
-        tensors[name] = t.detach().float().contiguous()
+        tensors[name] = t.detach().float().cpu().contiguous()
     _atomic_save(path, tensors, {"json": json.dumps(meta, sort_keys=True)})
 
 
@@ -159,11 +170,13 @@ def block_file(work_dir: Path, i: int) -> Path:
 
 
 # --------------------------------------------------------------------------------- helpers
-def load_block(model: nn.Module, ckpt: Checkpoint, i: int) -> nn.Module:
-    """Decoder block i with float32 copies of its tensors (the rest of the model stays meta)."""
+def load_block(model: nn.Module, ckpt: Checkpoint, i: int,
+               device: torch.device | str = "cpu") -> nn.Module:
+    """Decoder block i with float32 copies of its tensors on `device` (the rest of the model
+    stays meta)."""
     layer = model.model.layers[i]
     prefix = f"model.layers.{i}."
-    state = {n: ckpt.weights.get(prefix + n).to(torch.float32, copy=True)
+    state = {n: ckpt.weights.get(prefix + n).to(device, torch.float32, copy=True)
              for n in layer.state_dict()}
     layer.load_state_dict(state, strict=True, assign=True)
     for p in layer.parameters():
@@ -180,11 +193,15 @@ def release_maps(ckpt: Checkpoint) -> None:
 
 
 def _run_key(ckpt: Checkpoint, recipe: QuantRecipe, config: dict, calib: CalibData,
-             batch: int) -> str:
+             batch: int, device: torch.device) -> str:
+    """What a resumable run is: the device type is part of it (CPU and GPU codes may differ
+    in float32 rounding, so a run is only resumed on the kind of device it started on)."""
     files = sorted({(i.file.name, i.file.stat().st_size) for i in ckpt.weights.infos.values()})
     payload = {"version": WORK_VERSION, "source": str(ckpt.path.resolve()), "files": files,
                "config": ckpt.raw_config, "recipe": dataclasses.asdict(recipe), "calib_config":
                config, "calib": calib.sha256, "batch": batch}
+    if device.type != "cpu":
+        payload["device"] = device.type
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -235,14 +252,27 @@ def _skip_set(recipe: QuantRecipe, n_layers: int) -> frozenset[str]:
 def calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: CalibData,
               work_dir: str | Path, *, options: dict[str, Any] | None = None,
               resume: bool = False, strict: bool = False, batch: int | None = None,
-              progress: ProgressFn | None = None) -> CalibrationRun:
+              progress: ProgressFn | None = None,
+              device: str | torch.device = "cpu") -> CalibrationRun:
     """Quantise every decoder block of `source` with `recipe` on `calib`, streaming.
 
     options: extra fields of the algorithm's config (e.g. {"damp": 0.05, "static_groups": True}).
     strict: a linear the format cannot take raises StrictError (else it stays float, reported).
     batch: sequences per forward (default: about 4096 tokens).
+    device: where blocks, activations and Hessians live ("auto", "cpu", "cuda", "cuda:N";
+    device.py); the saved work files and the result are the same format on either.
     """
     t_start = time.perf_counter()
+    dev = resolve_device(device)
+    with exact_float32(dev):
+        return _calibrate(source, recipe, calib, Path(work_dir), options, resume, strict, batch,
+                          progress, dev, t_start)
+
+
+def _calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: CalibData,
+               work_dir: Path, options: dict[str, Any] | None, resume: bool, strict: bool,
+               batch: int | None, progress: ProgressFn | None, dev: torch.device,
+               t_start: float) -> CalibrationRun:
     ckpt, model = open_float_source(source)
     cfg = ckpt.config
     if recipe.budget is not None:  # mixed precision: choose every tensor's format first
@@ -255,19 +285,22 @@ def calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Calib
     ctx = context_for(recipe, _skip_set(recipe, n_layers), strict)
     seq_len = calib.seq_len
     batch = batch or max(1, 4096 // seq_len)
-    work_dir = Path(work_dir)
-    key = _run_key(ckpt, recipe, config_as_dict(config), calib, batch)
+    key = _run_key(ckpt, recipe, config_as_dict(config), calib, batch, dev)
     start, x = _start_point(work_dir, key, resume, n_layers)
-    mask = calib.mask
+    mask = calib.mask.to(dev)
     if x is None:
         emb = ckpt.weights.get("model.embed_tokens.weight")
         x = nn.functional.embedding(calib.ids, emb).float() * cfg.embedding_scale
         del emb
         release_maps(ckpt)
-    rope = cfg.inv_freq(seq_len)
+    x = x.to(dev)
+    inv_freq, rope_scale = cfg.inv_freq(seq_len)
+    rope = (inv_freq.to(dev), rope_scale)
+    save_cost = since_save = 0.0
     for i in range(start, n_layers):
         t0 = time.perf_counter()
-        layer = load_block(model, ckpt, i)
+        reset_peak(dev)
+        layer = load_block(model, ckpt, i, dev)
         release_maps(ckpt)
         runner = BlockRunner(layer, f"model.layers.{i}.", x, mask, rope, batch)
         if not handler.records_reference:
@@ -279,9 +312,16 @@ def calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Calib
         info = {"block": i, "seconds": round(time.perf_counter() - t0, 3),
                 "block_snr_db": _round(block_snr_db(runner.reference, x, y, mask)),
                 "linears": [r.as_dict() for r in result.reports]}
+        if dev.type == "cuda":
+            info["gpu_peak_bytes"] = peak_bytes(dev)
         save_weights(block_file(work_dir, i), result.quantized, result.floats, info)
-        _atomic_save(work_dir / "hidden.safetensors", {"hidden": y.contiguous()},
-                     {"after_block": str(i)})
+        since_save += time.perf_counter() - t0
+        if (i == n_layers - 1 or save_cost < HIDDEN_SAVE_MIN_SECONDS
+                or since_save >= HIDDEN_SAVE_RATIO * save_cost):
+            t_save = time.perf_counter()
+            _atomic_save(work_dir / "hidden.safetensors", {"hidden": y.cpu().contiguous()},
+                         {"after_block": str(i)})
+            save_cost, since_save = time.perf_counter() - t_save, 0.0
         model.model.layers[i] = layer.to("meta")
         del runner, layer, result
         trim_heap()
@@ -292,7 +332,7 @@ def calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Calib
     tail = _tail(ckpt, recipe, handler, ctx, x, mask, work_dir)
     return CalibrationRun(ckpt.path, work_dir, recipe, config_as_dict(config),
                           calib.describe(), n_layers, blocks, tail,
-                          round(time.perf_counter() - t_start, 3))
+                          round(time.perf_counter() - t_start, 3), describe(dev))
 
 
 def _tail(ckpt: Checkpoint, recipe: QuantRecipe, handler, ctx: CalibContext, x: Tensor,
@@ -303,11 +343,11 @@ def _tail(ckpt: Checkpoint, recipe: QuantRecipe, handler, ctx: CalibContext, x: 
         path.unlink(missing_ok=True)
         return None
     cfg = ckpt.config
-    w = tail_weight(ckpt)
-    norm_w = ckpt.weights.get("model.norm.weight").float()
+    w = tail_weight(ckpt).to(x.device)
+    norm_w = ckpt.weights.get("model.norm.weight").float().to(x.device)
     release_maps(ckpt)
     h = torch.ops.arkinfer.rms_norm(x, norm_w, cfg.rms_norm_eps) / cfg.logit_divisor
-    acc = HessianAccumulator(w.shape[1], "lm_head")
+    acc = HessianAccumulator(w.shape[1], "lm_head", device=x.device)
     acc.add(h, mask)
     return save_tail(path, handler, ctx, w, acc.hessian() if acc.count else None)
 
@@ -325,15 +365,16 @@ def save_tail(path: Path, handler, ctx: CalibContext, w: Tensor, hess: Tensor | 
     t0 = time.perf_counter()
     qw = handler.quantize_tail("lm_head", w, hess, ctx)
     info: dict[str, Any] = {"name": "lm_head", "recipe": handler.describe()}
-    why = ctx.refusal(qw, "lm_head")
+    stored = qw.to("cpu")
+    why = ctx.refusal(stored, "lm_head")
     if why is not None:
         info.update(status="refused", reason=why)
         save_weights(path, {}, {}, info)
         return info
     info.update(status="quantised", seconds=round(time.perf_counter() - t0, 3),
-                snr_db=_round(hessian_snr_db(w, qw.dequantize(), hess) if hess is not None
-                              else None))
-    save_weights(path, {"lm_head": qw}, {}, info)
+                snr_db=_round(hessian_snr_db(w, qw.to(w.device).dequantize(), hess)
+                              if hess is not None else None))
+    save_weights(path, {"lm_head": stored}, {}, info)
     return info
 
 

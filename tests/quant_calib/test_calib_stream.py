@@ -71,30 +71,52 @@ class Interrupt(Exception):
     pass
 
 
-@pytest.mark.parametrize("calib_name,fmt", [("gptq", "gptq"), ("awq", "awq")])
-def test_resume_after_interruption_is_identical(tiny_checkpoint, calib_ids, tmp_path, calib_name,
-                                                fmt):
-    folder = tiny_checkpoint("llama", num_hidden_layers=4)
-    recipe = QuantRecipe(calib_name, fmt, 4, 64, sym=calib_name != "awq")
-    calib = calib_ids(6, 24)
+def interrupted_then_resumed(folder, recipe, calib, tmp_path, stop_after: int) -> list[int]:
+    """Calibrate into w2, interrupted after block `stop_after`, then resume; check the result's
+    files equal an uninterrupted run's and return the blocks the resume ran."""
     full = export_folder(calibrate(folder, recipe, calib, tmp_path / "w1"), tmp_path / "full")
 
-    def stop_after_1(layer, n_layers, seconds):
-        assert n_layers == 4 and seconds >= 0
-        if layer == 1:
+    def stop(layer, n_layers, seconds):
+        assert seconds >= 0
+        if layer == stop_after:
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        calibrate(folder, recipe, calib, tmp_path / "w2", progress=stop_after_1)
+        calibrate(folder, recipe, calib, tmp_path / "w2", progress=stop)
     seen = []
     run = calibrate(folder, recipe, calib, tmp_path / "w2", resume=True,
                     progress=lambda i, n, s: seen.append(i))
-    assert seen == [2, 3]  # blocks 0 and 1 were not redone
     resumed = export_folder(run, tmp_path / "resumed")
     files = sorted(p.name for p in full.iterdir() if p.name != "quant_summary.json")
     assert files == sorted(p.name for p in resumed.iterdir() if p.name != "quant_summary.json")
     match, mismatch, errors = filecmp.cmpfiles(full, resumed, files, shallow=False)
     assert not mismatch and not errors and len(match) == len(files)
+    return seen
+
+
+@pytest.mark.parametrize("calib_name,fmt", [("gptq", "gptq"), ("awq", "awq")])
+def test_resume_after_interruption_is_identical(tiny_checkpoint, calib_ids, tmp_path, calib_name,
+                                                fmt):
+    folder = tiny_checkpoint("llama", num_hidden_layers=4)
+    recipe = QuantRecipe(calib_name, fmt, 4, 64, sym=calib_name != "awq")
+    seen = interrupted_then_resumed(folder, recipe, calib_ids(6, 24), tmp_path, stop_after=1)
+    assert seen == [2, 3]  # blocks 0 and 1 were not redone
+
+
+def test_resume_from_an_earlier_checkpoint_is_identical(tiny_checkpoint, calib_ids, tmp_path,
+                                                         monkeypatch):
+    """When writing the next block's inputs is costly they are written less often; a resume then
+    redoes the blocks after the last one written, with the same result."""
+    from arkinfer.quant.calib import stream
+
+    # every write counts as costly and the block work never reaches the ratio: the inputs are
+    # written after block 0 (the first write measures the cost) and after the last block only
+    monkeypatch.setattr(stream, "HIDDEN_SAVE_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(stream, "HIDDEN_SAVE_RATIO", 1e12)
+    folder = tiny_checkpoint("llama", num_hidden_layers=4)
+    recipe = QuantRecipe("gptq", "gptq", 4, 64, sym=True)
+    seen = interrupted_then_resumed(folder, recipe, calib_ids(6, 24), tmp_path, stop_after=2)
+    assert seen == [1, 2, 3]  # resumed after block 0, whose outputs were the last written
 
 
 def test_resume_refuses_other_settings(tiny_checkpoint, calib_ids, tmp_path):
