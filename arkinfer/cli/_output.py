@@ -95,17 +95,69 @@ def print_kv(title: str, items: list[tuple[str, Any]]) -> None:
 
 
 def progress_bar(label: str, field: str):
-    """A transient stderr progress bar: `label`, bar, done/total, elapsed, then the task's `field`
-    (pass it to add_task/update as a keyword, e.g. name=... or info=...)."""
+    """A transient stderr progress bar: `label`, bar, done/total, elapsed, time left, then the
+    task's `field` (pass it to add_task/update as a keyword, e.g. name=... or info=...). When
+    stderr is not a terminal (piped, a CI log) every update is a plain line instead."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
         Progress,
         TextColumn,
         TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
+    if not err_console.is_terminal:
+        return PlainProgress(label, field)
     return Progress(TextColumn(f"[bold]{escape(terminal_safe(label))}[/]"), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
                     TextColumn("{task.fields[" + field + "]}", markup=False),
                     console=err_console, transient=True)
+
+
+class PlainProgress:
+    """progress_bar's stand-in off a terminal: a line with done/total, elapsed seconds, an
+    estimate of the time left and the task's field, at most every `every` seconds (and when the
+    task completes)."""
+
+    def __init__(self, label: str, field: str, every: float = 2.0) -> None:
+        self.label, self.field, self.every = label, field, every
+        self.tasks: dict[int, dict] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def add_task(self, description: str, total: float | None = None, **fields) -> int:
+        import time
+
+        task = len(self.tasks)
+        now = time.perf_counter()
+        self.tasks[task] = {"total": total, "completed": 0, "t0": now, "shown": now, **fields}
+        return task
+
+    def update(self, task: int, *, completed: float | None = None, total: float | None = None,
+               advance: float | None = None, **fields) -> None:
+        import time
+
+        t = self.tasks[task]
+        if total is not None:
+            t["total"] = total
+        if advance is not None:
+            t["completed"] += advance
+        if completed is not None:
+            t["completed"] = completed
+        t.update(fields)
+        now = time.perf_counter()
+        done, whole = t["completed"], t["total"]
+        if now - t["shown"] < self.every and not (whole and done >= whole):
+            return
+        t["shown"], elapsed = now, now - t["t0"]
+        left = (f", about {elapsed / done * (whole - done):.0f} s left"
+                if whole and 0 < done < whole else "")
+        count = f"{done:g}/{whole:g}" if whole else f"{done:g}"
+        err_console.print(terminal_safe(f"{self.label}: {count} ({elapsed:.0f} s{left}) "
+                                        f"{t.get(self.field, '')}").rstrip(),
+                          markup=False, highlight=False)

@@ -40,38 +40,48 @@ EXAMPLES = [
 
 
 class StageReporter:
-    """Stage lines on stderr with a live status line for the current step."""
+    """Stage lines on stderr with a live status line for the current step; when stderr is not a
+    terminal (piped, a CI log) the steps and blocks are plain lines instead."""
 
     def __init__(self) -> None:
         from arkinfer.pipeline.build import STAGES
 
         self.stages = STAGES
+        self.plain = not err_console.is_terminal
         self.status = err_console.status(Text(""))
         self.index = 0
         self.current = ""
 
+    def _show(self, text: str) -> None:
+        if self.plain:
+            err_console.print(text, markup=False, highlight=False)
+        else:
+            self.status.update(Text(text))
+
     def __enter__(self):
-        self.status.__enter__()
+        if not self.plain:
+            self.status.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.status.__exit__(*exc)
+        if not self.plain:
+            self.status.__exit__(*exc)
 
     def stage(self, name: str) -> None:
         self.index = self.stages.index(name) + 1
         self.current = name
-        self.status.update(Text(f"[{self.index}/{len(self.stages)}] {name}"))
         self.t0 = time.perf_counter()
+        if not self.plain:  # a piped log gets the stage's line when it is done
+            self.status.update(Text(f"[{self.index}/{len(self.stages)}] {name}"))
 
     def step(self, message: str) -> None:
-        self.status.update(Text(terminal_safe(
-            f"[{self.index}/{len(self.stages)}] {self.current}: {message}")))
+        self._show(terminal_safe(f"[{self.index}/{len(self.stages)}] {self.current}: {message}"))
 
     def blocks(self, done: int, total: int, seconds: float) -> None:
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / (done + 1) * (total - done - 1)
-        self.status.update(Text(f"[{self.index}/{len(self.stages)}] quantise: block "
-                                f"{done + 1}/{total} ({seconds:.1f} s; about {eta:.0f} s left)"))
+        self._show(f"[{self.index}/{len(self.stages)}] quantise: block {done + 1}/{total} "
+                   f"({seconds:.1f} s; about {eta:.0f} s left)")
 
     def stage_done(self, name: str, seconds: float, summary: str = "") -> None:
         err_console.print(f"[green]✓[/] {escape(f'{name:<9}')} {seconds:7.1f} s  "

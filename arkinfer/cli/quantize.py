@@ -185,6 +185,7 @@ def command(
     json_out: JsonOpt = False,
 ) -> None:
     from arkinfer.frontend.checkpoint import open_checkpoint
+    from arkinfer.pipeline.disk_space import build_disk_bytes, check_free_disk
     from arkinfer.quant.calib.device import resolve_device
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib.weight_only import is_weight_only, quantize_weight_only
@@ -199,6 +200,9 @@ def command(
     ckpt = open_checkpoint(model)
     check_quantised_output(out, ckpt.path, force=force)  # before hours of calibration
     resolve_device(device)  # --device cuda without a GPU: refused before any work
+    tokens = 0 if is_weight_only(recipe) and not report else samples * seq_len
+    check_free_disk(out, build_disk_bytes(ckpt.raw_config, recipe, tokens),
+                    "the quantised folder and its work files")
     if group_size is None:  # the preset's group, fitted to the model as `build` fits it
         recipe, notes = fit_recipe(recipe, ckpt.raw_config)
         for note in notes:

@@ -172,5 +172,10 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
     model_name = model_name_of(model, source)
     out = Path(out) if out is not None else default_out(model_name, tgt.id, r.scheme)
     check_artifact_output(out, source, force=force)
+    from .disk_space import build_disk_bytes, check_free_disk
+
+    tokens = c.samples * c.seq_len if r.recipe is not None and c.needed(r.recipe) else 0
+    check_free_disk(out, build_disk_bytes(raw, r.recipe or r.scheme, tokens),
+                    "the artifact and its work files")
     return BuildPlan(model, source, model_name, raw, tgt, name, r.scheme, r.recipe, r.dtype, out,
                      c, opts, notes, draft, draft_vocab)
