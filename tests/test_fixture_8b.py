@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
+from arkinfer.pipeline.disk_space import DiskSpaceError
 from arkinfer.testing import fixture_8b
 from arkinfer.testing.fixture_8b import (
     FixtureError,
@@ -55,7 +56,7 @@ def test_not_enough_disk_is_refused_before_writing(tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**9, 10**9))
     folder = tmp_path / "fixture"
-    with pytest.raises(FixtureError) as info:
+    with pytest.raises(DiskSpaceError) as info:
         write_fixture(folder, "minicpm4.1-8b")
     message = str(info.value)
     assert f"{fixture_bytes('minicpm4.1-8b') + fixture_8b.DISK_MARGIN:,} bytes" in message
@@ -70,8 +71,8 @@ def test_cli_reports_the_disk_refusal(tmp_path, monkeypatch, capsys):
     assert fixture_8b.main(["--shape", "llama-3-8b", "--out", str(tmp_path)]) == 1
     captured = capsys.readouterr()
     needed = fixture_bytes("llama-3-8b") + fixture_8b.DISK_MARGIN  # 16.06 GB of tensors
-    assert captured.out == "" and f"needs {needed / 1e9:.2f} GB" in captured.err
-    assert f"into {tmp_path / 'llama-3-8b'} needs" in captured.err
+    assert captured.out == "" and f"about {needed / 1e9:.2f} GB" in captured.err
+    assert f"into {tmp_path / 'llama-3-8b'}: about" in captured.err
 
 
 @pytest.mark.parametrize("shape", ["minicpm4.1-8b", "llama-3-8b"])

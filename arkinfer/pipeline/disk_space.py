@@ -37,18 +37,20 @@ def build_disk_bytes(raw_config: dict[str, Any], quant: Any, calib_tokens: int =
     return copies * cost.weight_bytes + hidden + MARGIN_BYTES
 
 
-def check_free_disk(out: Path, needed: int, what: str) -> None:
+def check_free_disk(out: Path, needed: int, what: str, hint: str | None = None) -> None:
     """Raise DiskSpaceError when the filesystem that will hold `out` has less than `needed`
-    bytes free (checked at the nearest existing parent)."""
+    bytes free (checked at the nearest existing parent). `what` names the output in the
+    message; `hint` replaces the default next step."""
     probe = Path(out).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < needed:
         raise DiskSpaceError(
-            f"{what} need about {_gb(needed)} ({needed:,} bytes) under {probe}; "
-            f"{_gb(free)} ({free:,} bytes) are free",
-            f"free {_gb(needed - free)} there or write elsewhere (-o PATH on a larger disk)")
+            f"{what}: about {_gb(needed)} ({needed:,} bytes) needed under {probe}, "
+            f"{_gb(free)} ({free:,} bytes) free",
+            hint or f"free {_gb(needed - free)} there or write elsewhere (-o PATH on a larger "
+                    "disk)")
 
 
 def _gb(n: int) -> str:

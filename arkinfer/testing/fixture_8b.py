@@ -66,6 +66,7 @@ from arkinfer import models
 from arkinfer.errors import ArkError
 from arkinfer.frontend.shard_writer import TensorSpec, plan_shards, write_shards
 from arkinfer.latency.source import KNOWN_CONFIGS
+from arkinfer.pipeline.disk_space import check_free_disk
 
 Shape = Literal["minicpm4.1-8b", "llama-3-8b"]
 
@@ -186,17 +187,10 @@ def random_tensor(spec: TensorSpec, config: Any, seed: int, index: int) -> np.nd
 
 
 def check_disk(folder: Path, needed: int) -> None:
-    """Raise FixtureError when the file system of `folder` has less than `needed` bytes free."""
-    probe = Path(folder).absolute()
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if free < needed:
-        raise FixtureError(
-            f"writing the fixture into {folder} needs {needed / 1e9:.2f} GB ({needed:,} bytes) but "
-            f"{probe} has {free / 1e9:.2f} GB ({free:,} bytes) free",
-            hint="free disk space, choose another folder (--out DIR or $ARKINFER_FIXTURES), or "
-                 "write a reduced-depth fixture with --layers N")
+    """Raise DiskSpaceError when the file system of `folder` has less than `needed` bytes free."""
+    check_free_disk(folder, needed, f"writing the fixture into {folder}",
+                    hint="free disk space, choose another folder (--out DIR or "
+                         "$ARKINFER_FIXTURES), or write a reduced-depth fixture with --layers N")
 
 
 def write_fixture(folder: Path, shape: Shape, *, layers: int | None = None, seed: int = 0,

@@ -5,11 +5,16 @@ from __future__ import annotations
 from collections import namedtuple
 
 import pytest
-from arkinfer.frontend.demo import demo_model_path
-from arkinfer.pipeline import disk_space
-from arkinfer.pipeline.disk_space import DiskSpaceError, build_disk_bytes, check_free_disk
 from arkinfer.quant.recipe import get_preset
 from typer.testing import CliRunner
+
+from arkinfer.frontend.demo import demo_model_path
+from arkinfer.pipeline import disk_space
+from arkinfer.pipeline.disk_space import (
+    DiskSpaceError,
+    build_disk_bytes,
+    check_free_disk,
+)
 
 Usage = namedtuple("Usage", "total used free")
 
@@ -66,5 +71,5 @@ def test_cli_refuses_before_writing(command, tmp_path, monkeypatch):
     out = tmp_path / "out"
     result = CliRunner().invoke(app, [str(out) if a == "OUT" else a for a in command])
     assert result.exit_code != 0
-    assert "bytes) are free" in result.output and "1,000 bytes" in result.output
+    assert "bytes) free" in result.output and "1,000 bytes" in result.output
     assert list(tmp_path.iterdir()) == []
