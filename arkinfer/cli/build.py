@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Annotated
@@ -20,7 +21,13 @@ from arkinfer.cli._options import (
     QuantOpt,
     TargetOpt,
 )
-from arkinfer.cli._output import console, err_console, print_json, print_kv, terminal_safe
+from arkinfer.cli._output import (
+    console,
+    err_console,
+    print_json,
+    print_kv,
+    terminal_safe,
+)
 
 HELP = ("Build a verified artifact: load -> trace -> quantise -> lower -> verify -> write. The "
         "plan (model, target, backend, recipe, output) is checked and printed before any work. "
@@ -48,15 +55,20 @@ class StageReporter:
 
         self.stages = STAGES
         self.plain = not err_console.is_terminal
+        self.shown = -math.inf  # when the last plain line was printed
         self.status = err_console.status(Text(""))
         self.index = 0
         self.current = ""
 
-    def _show(self, text: str) -> None:
-        if self.plain:
-            err_console.print(text, markup=False, highlight=False)
-        else:
+    def _show(self, text: str, every: float = 2.0) -> None:
+        """The status line; off a terminal a plain line, at most one per `every` seconds."""
+        if not self.plain:
             self.status.update(Text(text))
+            return
+        now = time.perf_counter()
+        if now - self.shown >= every:
+            self.shown = now
+            err_console.print(text, markup=False, highlight=False)
 
     def __enter__(self):
         if not self.plain:
@@ -81,7 +93,7 @@ class StageReporter:
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / (done + 1) * (total - done - 1)
         self._show(f"[{self.index}/{len(self.stages)}] quantise: block {done + 1}/{total} "
-                   f"({seconds:.1f} s; about {eta:.0f} s left)")
+                   f"({seconds:.1f} s; about {eta:.0f} s left)", every=0.0)
 
     def stage_done(self, name: str, seconds: float, summary: str = "") -> None:
         err_console.print(f"[green]✓[/] {escape(f'{name:<9}')} {seconds:7.1f} s  "

@@ -243,17 +243,28 @@ def float_reference(source: Path, runner=None, step: Callable[[str], None] | Non
                     ) -> RecordedLogits:
     """The float model of `source` on the verify prompts, recorded and released (see
     RecordedLogits); `attention` is "dense" when `runner` always runs dense attention (llama.cpp
-    on MiniCPM4): like with like, the float model then runs dense too; else "model"."""
+    on MiniCPM4): like with like, the float model then runs dense too; else "model". A model
+    whose float32 weights do not fit in memory runs block by block (streamed_reference.py: the
+    same logits, one block in memory)."""
     from arkinfer.pipeline.reference_runner import ReferenceRunner
+    from arkinfer.pipeline.streamed_reference import StreamedReference, fits_in_memory
 
     step = step or (lambda message: None)
-    step("load the float reference")
-    model = ReferenceRunner(source)
     attention = (runner.fixed_attention if runner is not None else None) or "model"
-    if attention == "dense":
-        model.set_attention("dense")
-    prompts = verification_prompts(model.tokenizer, read_config(source))
-    recorded = RecordedLogits(model, prompts, step).release()
+    if fits_in_memory(Path(source)):
+        step("load the float reference")
+        model = ReferenceRunner(source)
+        if attention == "dense":
+            model.set_attention("dense")
+        prompts = verification_prompts(model.tokenizer, read_config(source))
+        recorded = RecordedLogits(model, prompts, step).release()
+    else:
+        from arkinfer.frontend.checkpoint import open_checkpoint
+
+        step("float reference: too large for memory in float32, streamed block by block")
+        prompts = verification_prompts(open_checkpoint(source).tokenizer, read_config(source))
+        streamed = StreamedReference(Path(source), prompts, attention == "dense", step)
+        recorded = RecordedLogits(streamed, prompts).release()
     recorded.attention = attention
     return recorded
 
@@ -394,11 +405,22 @@ def backend_fidelity(backend, artifact: Path, runner, step,
     if weights is None:
         return None
     from arkinfer.pipeline.reference_runner import ReferenceRunner
+    from arkinfer.pipeline.streamed_reference import StreamedReference, fits_in_memory
 
-    step(f"load the quantised reference ({Path(weights).name})")
-    loaded = ReferenceRunner(weights, dense=runner.fixed_attention == "dense")
-    quantised = RecordedLogits(loaded)  # its logits serve both comparisons
-    prompts = verification_prompts(loaded.tokenizer, read_config(loaded.ckpt.path))
+    dense = runner.fixed_attention == "dense"
+    if fits_in_memory(Path(weights)):
+        step(f"load the quantised reference ({Path(weights).name})")
+        loaded = ReferenceRunner(weights, dense=dense)
+        quantised = RecordedLogits(loaded)  # its logits serve both comparisons
+        prompts = verification_prompts(loaded.tokenizer, read_config(loaded.ckpt.path))
+    else:  # dequantised to float32 it would not fit: block by block, the same logits
+        from arkinfer.frontend.checkpoint import open_checkpoint
+
+        step(f"quantised reference ({Path(weights).name}): streamed block by block")
+        ckpt = open_checkpoint(weights)
+        prompts = verification_prompts(ckpt.tokenizer, read_config(ckpt.path))
+        quantised = RecordedLogits(StreamedReference(Path(weights), prompts, dense, step),
+                                   prompts)
     m = parity_metrics(quantised, runner, prompts, step)
     need = float(backend.fidelity_top1)
     out = {"reference_weights": Path(weights).relative_to(artifact).as_posix()
