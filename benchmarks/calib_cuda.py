@@ -1,7 +1,8 @@
-"""GPTQ calibration of an 8B-shaped checkpoint on a CUDA GPU: seconds per block, peak GPU memory.
+"""GPTQ calibration of an 8B-shaped checkpoint on a CUDA GPU (or, with --device cpu, this
+machine's CPU): seconds per block, peak GPU memory.
 
     python benchmarks/calib_cuda.py [--shape minicpm4.1-8b] [--layers 4] [--samples 128]
-        [--seq-len 2048] [--method gptq] [--fixtures DIR] [--json OUT]
+        [--seq-len 2048] [--method gptq] [--device cuda|cpu] [--fixtures DIR] [--json OUT]
 
 1. writes (once, cached; arkinfer/testing/fixture_8b.py) the real-width checkpoint of `--shape`
    with `--layers` decoder blocks (MiniCPM4.1-8B: hidden 4096, FFN 16384, 32 q / 2 KV heads of
@@ -40,6 +41,17 @@ from arkinfer.testing.fixture_8b import ensure_fixture, shape_config
 METHODS = {"gptq": "marlin", "pgptq": "marlin", "awq": "awq"}  # method -> preset of its format
 
 
+def peak_rss() -> int | None:
+    """This process's peak resident set (VmHWM; file pages it maps count too), Linux only."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="minicpm4.1-8b")
@@ -47,11 +59,13 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=128)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--method", choices=sorted(METHODS), default="gptq")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     p.add_argument("--fixtures", type=Path, default=None, help="fixture cache folder")
     p.add_argument("--work", type=Path, default=Path("calib-cuda.work"))
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    if not torch.cuda.is_available():
+    gpu = args.device.startswith("cuda")
+    if gpu and not torch.cuda.is_available():
         print("no CUDA GPU visible to torch: this benchmark measures calibration on one",
               file=sys.stderr)
         return 2
@@ -75,10 +89,11 @@ def main() -> int:
               f"{stamps[-1] - (stamps[-2] if len(stamps) > 1 else t_cal):.1f} s wall",
               file=sys.stderr, flush=True)
 
-    torch.cuda.reset_peak_memory_stats()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
     t_cal = time.perf_counter()
     run = calibrate(folder, recipe, calib, args.work, options=options, progress=progress,
-                    device="cuda")
+                    device=args.device)
     total = time.perf_counter() - t_cal
     walls = [b - a for a, b in zip([t_cal] + stamps[:-1], stamps)]
     steady = sorted(walls[1:-1] or walls)
@@ -88,7 +103,7 @@ def main() -> int:
     peaks = [b.get("gpu_peak_bytes", 0) for b in run.blocks]
     result = {
         "machine": machine_info(),
-        "gpu": torch.cuda.get_device_name(0),
+        "device": run.device, "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "shape": args.shape, "fixture_layers": args.layers, "full_layers": full_layers,
         "method": args.method, "recipe": run.recipe.describe(),
@@ -100,7 +115,8 @@ def main() -> int:
             "tail_seconds": round(tail_seconds, 2),
             "calibration_seconds": round(total, 2),
             "peak_gpu_bytes_per_block": peaks,
-            "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()),
+            "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()) if gpu else None,
+            "peak_rss_bytes": peak_rss(),
             "block_snr_db": [b["block_snr_db"] for b in run.blocks],
         },
         "predicted_full_model": {

@@ -10,8 +10,8 @@ from collections import namedtuple
 import pytest
 import torch
 
+from arkinfer.disk_space import DiskSpaceError
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
-from arkinfer.pipeline.disk_space import DiskSpaceError
 from arkinfer.testing import fixture_8b
 from arkinfer.testing.fixture_8b import (
     FixtureError,

@@ -185,7 +185,8 @@ def command(
     json_out: JsonOpt = False,
 ) -> None:
     from arkinfer.frontend.checkpoint import open_checkpoint
-    from arkinfer.pipeline.disk_space import build_disk_bytes, check_free_disk
+    from arkinfer.disk_space import check_free_disk
+    from arkinfer.pipeline.disk_space import build_disk_bytes
     from arkinfer.quant.calib.device import resolve_device
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib.weight_only import is_weight_only, quantize_weight_only

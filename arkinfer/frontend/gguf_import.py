@@ -30,8 +30,14 @@ from arkinfer.frontend import gguf_model, gguf_tokenizer
 from arkinfer.frontend.gguf_reader import GGUFFile
 from arkinfer.frontend.safetensors_io import read_metadata
 from arkinfer.frontend.shard_writer import DTYPES, TensorSpec, WeightDtype, write_shards
-from arkinfer.output_folder import (MARKER, OutputError, check_output, make_staging,
-                                     remove_leftovers, replace_folder)
+from arkinfer.output_folder import (
+    MARKER,
+    OutputError,
+    check_output,
+    make_staging,
+    remove_leftovers,
+    replace_folder,
+)
 from arkinfer.owned_folder import file_hashes, record_files
 
 ProgressFn = Callable[[int, int, str], None]
@@ -151,6 +157,10 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: WeightDtype =
         if progress is not None:
             progress(done, total, ts.name)
 
+    from arkinfer.disk_space import MARGIN_BYTES, check_free_disk
+
+    check_free_disk(out, sum(ts.nbytes(dtype) for ts in specs) + MARGIN_BYTES,
+                    f"importing {source.name} as {dtype} safetensors")
     created_parent = _first_missing_ancestor(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # not mkdtemp: the folder keeps the user's umask permissions after the rename

@@ -22,6 +22,7 @@ from arkinfer.frontend.checkpoint import read_config, resolve_model_path
 from arkinfer.output_folder import check_output
 from arkinfer.resolve import resolve
 
+
 @dataclass(frozen=True)
 class CalibSettings:
     """Calibration text (None = the shipped corpus_train.txt), sequences and their length.
@@ -172,7 +173,9 @@ def resolve_plan(model: str = "demo", *, target: str = "host", quant: str = "q4_
     model_name = model_name_of(model, source)
     out = Path(out) if out is not None else default_out(model_name, tgt.id, r.scheme)
     check_artifact_output(out, source, force=force)
-    from .disk_space import build_disk_bytes, check_free_disk
+    from arkinfer.disk_space import check_free_disk
+
+    from .disk_space import build_disk_bytes
 
     tokens = c.samples * c.seq_len if r.recipe is not None and c.needed(r.recipe) else 0
     check_free_disk(out, build_disk_bytes(raw, r.recipe or r.scheme, tokens),

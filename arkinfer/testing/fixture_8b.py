@@ -63,10 +63,10 @@ import numpy as np
 import torch
 
 from arkinfer import models
+from arkinfer.disk_space import check_free_disk
 from arkinfer.errors import ArkError
 from arkinfer.frontend.shard_writer import TensorSpec, plan_shards, write_shards
 from arkinfer.latency.source import KNOWN_CONFIGS
-from arkinfer.pipeline.disk_space import check_free_disk
 
 Shape = Literal["minicpm4.1-8b", "llama-3-8b"]
 

@@ -8,13 +8,10 @@ import pytest
 from arkinfer.quant.recipe import get_preset
 from typer.testing import CliRunner
 
+from arkinfer import disk_space
+from arkinfer.disk_space import DiskSpaceError, check_free_disk
 from arkinfer.frontend.demo import demo_model_path
-from arkinfer.pipeline import disk_space
-from arkinfer.pipeline.disk_space import (
-    DiskSpaceError,
-    build_disk_bytes,
-    check_free_disk,
-)
+from arkinfer.pipeline.disk_space import build_disk_bytes
 
 Usage = namedtuple("Usage", "total used free")
 
