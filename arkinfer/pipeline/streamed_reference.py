@@ -31,14 +31,20 @@ from torch import Tensor, nn
 
 
 def fits_in_memory(source: Path, share: float = 0.8) -> bool:
-    """True when the float32 model of `source` takes at most `share` of the memory available now
-    (psutil: free plus reclaimable page cache): the whole-model reference is then the faster way."""
+    """True when the float32 model of `source` (a folder or a .gguf file) takes at most `share`
+    of the memory available now (psutil: free plus reclaimable page cache): the whole-model
+    reference is then the faster way."""
     import psutil
 
-    from arkinfer.frontend.checkpoint import open_checkpoint
+    if Path(source).is_file() and Path(source).suffix == ".gguf":
+        from arkinfer.frontend.gguf_lazy import open_gguf_lazily
 
-    ckpt = open_checkpoint(source, with_tokenizer=False)
-    numel = sum(int(torch.Size(ckpt.weights.shape(n)).numel()) for n in ckpt.weights.names())
+        weights = open_gguf_lazily(Path(source)).weights
+    else:
+        from arkinfer.frontend.checkpoint import open_checkpoint
+
+        weights = open_checkpoint(source, with_tokenizer=False).weights
+    numel = sum(int(torch.Size(weights.shape(n)).numel()) for n in weights.names())
     return numel * 4 <= share * psutil.virtual_memory().available
 
 
@@ -46,7 +52,8 @@ def fits_in_memory(source: Path, share: float = 0.8) -> bool:
 def streamed_window_logits(source: Path, prompts: list[list[int]], dense: bool = False,
                            progress: Callable[[str], None] | None = None) -> list[Tensor]:
     """Logits [T_i, V] float32 of the float model of `source` for every prompt (module
-    docstring). `dense`: force dense attention on an InfLLM v2 model."""
+    docstring). `dense`: force dense attention on an InfLLM v2 model. A `.gguf` file is read
+    tensor by tensor (frontend/gguf_lazy.py), never imported."""
     from arkinfer.quant.calib.stream import (
         load_block,
         open_float_source,
@@ -54,6 +61,10 @@ def streamed_window_logits(source: Path, prompts: list[list[int]], dense: bool =
         tail_weight,
     )
 
+    if Path(source).is_file() and Path(source).suffix == ".gguf":
+        from arkinfer.frontend.gguf_lazy import open_gguf_lazily
+
+        source = open_gguf_lazily(Path(source))
     ckpt, model = open_float_source(source)
     cfg = ckpt.config
     emb = ckpt.weights.get("model.embed_tokens.weight")
@@ -93,10 +104,14 @@ class StreamedReference:
     checkpoint's."""
 
     def __init__(self, source: Path, prompts: list[list[int]], dense: bool = False,
-                 progress: Callable[[str], None] | None = None) -> None:
-        from arkinfer.frontend.checkpoint import open_checkpoint
+                 progress: Callable[[str], None] | None = None, tokenizer: object = "source"
+                 ) -> None:
+        """`tokenizer`: "source" opens the checkpoint's; pass None (or one) to skip that."""
+        if tokenizer == "source":
+            from arkinfer.frontend.checkpoint import open_checkpoint
 
-        self.tokenizer = open_checkpoint(source).tokenizer
+            tokenizer = open_checkpoint(source).tokenizer
+        self.tokenizer = tokenizer
         self._logits = {tuple(p): t for p, t in
                         zip(prompts, streamed_window_logits(source, prompts, dense, progress))}
 

@@ -398,6 +398,10 @@ def backend_fidelity(backend, artifact: Path, runner, step,
     Gate: top-1 agreement >= the backend's `fidelity_top1` (default 0.99). None when the backend
     has no reference weights (the reference backend: its runtime is the reference).
 
+    Prompts: the float reference's when given (the same token ids for every comparison), else
+    the verify prompts tokenised by the quantised reference's own tokenizer. A quantised
+    reference that would not fit in memory in float32 runs block by block (streamed_reference.py).
+
     With `reference` (the float model's recorded logits, `float_reference`) it also records
     `quantisation`: the quantised weights against the float model (`QUALITY_KEYS`), the
     quantisation error alone, at the cost of the quantised reference's forwards only."""
@@ -412,15 +416,19 @@ def backend_fidelity(backend, artifact: Path, runner, step,
         step(f"load the quantised reference ({Path(weights).name})")
         loaded = ReferenceRunner(weights, dense=dense)
         quantised = RecordedLogits(loaded)  # its logits serve both comparisons
-        prompts = verification_prompts(loaded.tokenizer, read_config(loaded.ckpt.path))
+        prompts = reference.prompts if reference is not None else \
+            verification_prompts(loaded.tokenizer, read_config(loaded.ckpt.path))
     else:  # dequantised to float32 it would not fit: block by block, the same logits
-        from arkinfer.frontend.checkpoint import open_checkpoint
-
         step(f"quantised reference ({Path(weights).name}): streamed block by block")
-        ckpt = open_checkpoint(weights)
-        prompts = verification_prompts(ckpt.tokenizer, read_config(ckpt.path))
-        quantised = RecordedLogits(StreamedReference(Path(weights), prompts, dense, step),
-                                   prompts)
+        if reference is not None:  # as above; a GGUF is then never imported
+            prompts = reference.prompts
+        else:
+            from arkinfer.frontend.checkpoint import open_checkpoint
+
+            ckpt = open_checkpoint(weights)
+            prompts = verification_prompts(ckpt.tokenizer, read_config(ckpt.path))
+        quantised = RecordedLogits(StreamedReference(Path(weights), prompts, dense, step,
+                                                     tokenizer=None), prompts)
     m = parity_metrics(quantised, runner, prompts, step)
     need = float(backend.fidelity_top1)
     out = {"reference_weights": Path(weights).relative_to(artifact).as_posix()

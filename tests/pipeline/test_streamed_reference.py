@@ -52,3 +52,42 @@ def test_float_reference_streams_when_the_model_does_not_fit(monkeypatch):
     for ids in whole.prompts:
         torch.testing.assert_close(streamed.window_logits(ids), whole.window_logits(ids),
                                    rtol=1e-5, atol=1e-4)
+
+
+def test_gguf_streams_without_an_import(tmp_path, monkeypatch):
+    """A GGUF (the quantised reference of a gguf artifact) is read tensor by tensor: the same
+    logits as the whole model over its import, and nothing is imported on the way."""
+    from arkinfer.frontend import cache
+    from arkinfer.pipeline.build import build
+    from arkinfer.pipeline.plan import resolve_plan
+
+    artifact = build(resolve_plan("demo", target="host", quant="q4_0", out=tmp_path / "a")).path
+    gguf = next(artifact.glob("*.gguf"))
+    prompts = _prompts([40, 9], 2048)
+    want = [ReferenceRunner(gguf, dense=True).window_logits(p) for p in prompts]
+
+    def no_import(path):
+        raise AssertionError(f"{path} was imported")
+
+    monkeypatch.setattr(cache, "cached_import", no_import)
+    assert streamed_reference.fits_in_memory(gguf)
+    for got, ref in zip(streamed_window_logits(gguf, prompts, dense=True), want):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_build_verifies_the_same_when_streamed(tmp_path, monkeypatch):
+    """A build whose float and quantised references do not fit in memory (forced here) records
+    the same verify and fidelity figures as one that loads them whole."""
+    from arkinfer.pipeline.build import build
+    from arkinfer.pipeline.plan import resolve_plan
+
+    whole = build(resolve_plan("demo", target="host", quant="q4_0", out=tmp_path / "a"))
+    monkeypatch.setattr(streamed_reference, "fits_in_memory", lambda source, share=0.8: False)
+    streamed = build(resolve_plan("demo", target="host", quant="q4_0", out=tmp_path / "b"))
+    a, b = whole.manifest["verification"], streamed.manifest["verification"]
+    for key in ("top1_agreement", "mean_kl", "ppl_reference", "ppl_artifact"):
+        assert b["metrics"][key] == pytest.approx(a["metrics"][key], rel=1e-6, abs=1e-9), key
+    for key in ("top1_agreement", "mean_kl"):
+        assert b["fidelity"][key] == pytest.approx(a["fidelity"][key], rel=1e-6, abs=1e-9), key
+        assert b["fidelity"]["quantisation"][key] == pytest.approx(
+            a["fidelity"]["quantisation"][key], rel=1e-6, abs=1e-9), key
