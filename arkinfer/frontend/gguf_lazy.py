@@ -22,32 +22,20 @@ from arkinfer import models
 from . import gguf_model
 from .gguf_reader import GGUFFile
 from .model_folder import Checkpoint
-from .safetensors_io import TensorInfo
+from .safetensors_io import LazyWeights, TensorInfo
 
 
-class GGUFWeights:
-    """The LazyWeights interface (infos, names, shape, get, `in`) over a GGUF file; `get`
-    returns float32 tensors dequantised on demand ([out, in] as the HF layout has them)."""
+class GGUFWeights(LazyWeights):
+    """LazyWeights over a GGUF file instead of safetensors shards (names, shapes, `in` as
+    there); `get` returns float32 tensors dequantised on demand ([out, in], the HF layout)."""
 
-    def __init__(self, gguf: GGUFFile, plans: list) -> None:
+    def __init__(self, gguf: GGUFFile, plans: list) -> None:  # no safetensors header to read
         self.gguf = gguf
         self._plans = {p.hf_name: p for p in plans}
         self.infos = {p.hf_name: TensorInfo(p.hf_name, gguf.path, "F32", tuple(p.shape),
                                             4 * int(torch.Size(p.shape).numel()))
                       for p in plans}
-        self._handles: dict = {}  # what stream.release_maps clears (nothing is cached here)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.infos
-
-    def __len__(self) -> int:
-        return len(self.infos)
-
-    def names(self) -> list[str]:
-        return list(self.infos)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.infos[name].shape
+        self._handles = {}  # what stream.release_maps clears (nothing is cached here)
 
     def get(self, name: str) -> torch.Tensor:
         data = gguf_model.hf_tensor(self.gguf, self._plans[name])
