@@ -9,6 +9,7 @@ builds, the GGUF importer, the 8B fixture).
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -28,7 +29,10 @@ def check_free_disk(out: Path, needed: int, what: str, hint: str | None = None) 
     probe = Path(out).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    usage = shutil.disk_usage(probe)
+    if usage.total == 0 or not os.access(probe, os.W_OK):
+        return  # not a disk (sysfs, procfs) or not writable: the write itself names the path
+    free = usage.free
     if free < needed:
         raise DiskSpaceError(
             f"{what}: about {_gb(needed)} ({needed:,} bytes) needed under {probe}, "
