@@ -100,17 +100,11 @@ def streamed_window_logits(source: Path, prompts: list[list[int]], dense: bool =
 
 class StreamedReference:
     """`window_logits` of the streamed float model for a fixed set of prompts, computed together
-    on construction (what `verify.RecordedLogits` records from a runner); `tokenizer` is the
-    checkpoint's."""
+    on construction (what `verify.RecordedLogits` records from a runner); `tokenizer`: the one the
+    prompts were made with (None when the caller has none at hand)."""
 
-    def __init__(self, source: Path, prompts: list[list[int]], dense: bool = False,
-                 progress: Callable[[str], None] | None = None, tokenizer: object = "source"
-                 ) -> None:
-        """`tokenizer`: "source" opens the checkpoint's; pass None (or one) to skip that."""
-        if tokenizer == "source":
-            from arkinfer.frontend.checkpoint import open_checkpoint
-
-            tokenizer = open_checkpoint(source).tokenizer
+    def __init__(self, source: Path, prompts: list[list[int]], tokenizer: object,
+                 dense: bool = False, progress: Callable[[str], None] | None = None) -> None:
         self.tokenizer = tokenizer
         self._logits = {tuple(p): t for p, t in
                         zip(prompts, streamed_window_logits(source, prompts, dense, progress))}

@@ -262,8 +262,9 @@ def float_reference(source: Path, runner=None, step: Callable[[str], None] | Non
         from arkinfer.frontend.checkpoint import open_checkpoint
 
         step("float reference: too large for memory in float32, streamed block by block")
-        prompts = verification_prompts(open_checkpoint(source).tokenizer, read_config(source))
-        streamed = StreamedReference(Path(source), prompts, attention == "dense", step)
+        tokenizer = open_checkpoint(source).tokenizer
+        prompts = verification_prompts(tokenizer, read_config(source))
+        streamed = StreamedReference(Path(source), prompts, tokenizer, attention == "dense", step)
         recorded = RecordedLogits(streamed, prompts).release()
     recorded.attention = attention
     return recorded
@@ -412,23 +413,22 @@ def backend_fidelity(backend, artifact: Path, runner, step,
     from arkinfer.pipeline.streamed_reference import StreamedReference, fits_in_memory
 
     dense = runner.fixed_attention == "dense"
+    prompts = reference.prompts if reference is not None else None
     if fits_in_memory(Path(weights)):
         step(f"load the quantised reference ({Path(weights).name})")
         loaded = ReferenceRunner(weights, dense=dense)
         quantised = RecordedLogits(loaded)  # its logits serve both comparisons
-        prompts = reference.prompts if reference is not None else \
-            verification_prompts(loaded.tokenizer, read_config(loaded.ckpt.path))
+        if prompts is None:
+            prompts = verification_prompts(loaded.tokenizer, read_config(loaded.ckpt.path))
     else:  # dequantised to float32 it would not fit: block by block, the same logits
         step(f"quantised reference ({Path(weights).name}): streamed block by block")
-        if reference is not None:  # as above; a GGUF is then never imported
-            prompts = reference.prompts
-        else:
+        if prompts is None:  # with the float reference's prompts a GGUF is never imported
             from arkinfer.frontend.checkpoint import open_checkpoint
 
             ckpt = open_checkpoint(weights)
             prompts = verification_prompts(ckpt.tokenizer, read_config(ckpt.path))
-        quantised = RecordedLogits(StreamedReference(Path(weights), prompts, dense, step,
-                                                     tokenizer=None), prompts)
+        quantised = RecordedLogits(StreamedReference(Path(weights), prompts, None, dense, step),
+                                   prompts)
     m = parity_metrics(quantised, runner, prompts, step)
     need = float(backend.fidelity_top1)
     out = {"reference_weights": Path(weights).relative_to(artifact).as_posix()

@@ -230,10 +230,9 @@ class BlockCalibrator:
                extra: dict | None = None) -> bool:
         """Check `qw` against the format; install it (or keep float and report the refusal).
         `original` is the weight Ŵ is compared with (default: the linear's current weight).
-        `qw` may live on the block's device; `result` gets a CPU copy (what is saved)."""
+        `qw` may live on the block's device (saving moves it to the CPU)."""
         full = runner.full(name)
-        stored = qw.to("cpu")
-        why = ctx.refusal(stored, full)
+        why = ctx.refusal(qw, full)
         if why is not None:
             result.reports.append(LinearReport(full, "refused", "float", reason=why))
             return False
@@ -242,7 +241,7 @@ class BlockCalibrator:
         snr = hessian_snr_db(w, w_hat, h) if h is not None else None
         runner.set_weight(name, w_hat)
         trim_heap()
-        result.quantized[full] = stored
+        result.quantized[full] = qw
         layer = ctx.layer(full)
         recipe = self.describe() if layer is None else \
             f"{self.name} {layer.bits}-bit -> {layer.fmt.name} (layer override)"

@@ -365,8 +365,7 @@ def save_tail(path: Path, handler, ctx: CalibContext, w: Tensor, hess: Tensor | 
     t0 = time.perf_counter()
     qw = handler.quantize_tail("lm_head", w, hess, ctx)
     info: dict[str, Any] = {"name": "lm_head", "recipe": handler.describe()}
-    stored = qw.to("cpu")
-    why = ctx.refusal(stored, "lm_head")
+    why = ctx.refusal(qw, "lm_head")
     if why is not None:
         info.update(status="refused", reason=why)
         save_weights(path, {}, {}, info)
@@ -374,7 +373,7 @@ def save_tail(path: Path, handler, ctx: CalibContext, w: Tensor, hess: Tensor | 
     info.update(status="quantised", seconds=round(time.perf_counter() - t0, 3),
                 snr_db=_round(hessian_snr_db(w, qw.to(w.device).dequantize(), hess)
                               if hess is not None else None))
-    save_weights(path, {"lm_head": stored}, {}, info)
+    save_weights(path, {"lm_head": qw}, {}, info)
     return info
 
 

@@ -129,7 +129,7 @@ class Format:
         why = self.shape_refusal(out, inp, bits=qw.bits, group_size=qw.group_size)
         if why is not None:
             raise refuse(why, "skip this layer or choose another format")
-        scales = qw.scales.numpy()
+        scales = qw.scales.cpu().numpy()  # qw may live on the calibration device
         if c.scale_dtype == "float16":
             back = scales.astype(np.float16).astype(np.float32)
             if not np.array_equal(back, scales):
@@ -142,7 +142,7 @@ class Format:
                          f"stores zero - {c.min_zero})", "quantise with sym=True")
         if c.shared_scale_block:
             block = c.shared_scale_block
-            per_col = scales[:, qw.group_index().numpy()].reshape(out, inp // block, block)
+            per_col = scales[:, qw.group_index().cpu().numpy()].reshape(out, inp // block, block)
             if not (per_col == per_col[..., :1]).all():
                 raise refuse(f"scales differ inside a {block}-column block (group_size="
                              f"{qw.group_size})", "ternarise with group_size='row' or 'tensor'")
