@@ -87,6 +87,10 @@ ROWS = {
                       dict(calib="rtn", format="gguf-iq4_nl", group_size=32, grid="mse")),
     "gptq-iq4_nl": Row("GPTQ IQ4_NL act-order, searched scales (preset gptq-iq4_nl)",
                        dict(calib="gptq", format="gguf-iq4_nl", group_size=32, grid="mse"), ACT),
+    "gptq-iq4_nl-asym": Row("GPTQ IQ4_NL, asymmetric (aimed at the float model's outputs from its "
+                            "own inputs)",
+                            dict(calib="gptq", format="gguf-iq4_nl", group_size=32, grid="mse"),
+                            {**ACT, "asymmetric": True}),
     "gptq-iq4_nl-damp0.1": Row("the same with GPTQ damping 0.1 instead of 0.01 (ablation)",
                                dict(calib="gptq", format="gguf-iq4_nl", group_size=32,
                                     grid="mse"), {**ACT, "damp": 0.1}),
@@ -97,6 +101,10 @@ ROWS = {
                         "(Kronecker-factored Fisher, GPTQ's errors), <= 4.9 bits (preset gptq-mix)",
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                              skip=(), budget=4.9), ACT),
+    "gptq-mix-4.9-asym": Row("the same with asymmetric GPTQ (aimed at the float model's outputs "
+                             "from its own inputs, `--option asymmetric=true`)",
+                             dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                  skip=(), budget=4.9), {**ACT, "asymmetric": True}),
     "gptq-mix-4.9-diagonal": Row("the same with the Fisher diagonal and RTN's errors (the "
                                  "sensitivity before; ablation)",
                                  dict(calib="gptq", format="gguf-q4_0", group_size=32,
@@ -151,6 +159,9 @@ ROWS = {
                            "no g_idx; preset gptq --act-order --static-groups)",
                            dict(calib="gptq", format="gptq", group_size=64, grid="mse"), ACT,
                            runtime="torch"),
+    "gptq-g64-static-asym": Row("the same, asymmetric GPTQ",
+                                dict(calib="gptq", format="gptq", group_size=64, grid="mse"),
+                                {**ACT, "asymmetric": True}, runtime="torch"),
     "gptq-g64-natural": Row("GPTQ g64 sym in the natural column order (no act-order: groups are "
                             "contiguous, no g_idx), checkpoint (ablation)",
                             dict(calib="gptq", format="gptq", group_size=64, grid="mse"),

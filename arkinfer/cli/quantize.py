@@ -180,6 +180,12 @@ def command(
         "on for AWQ (its clipping shrinks the weights; the refit lowered the KL on every "
         "development and held-out text), off for GPTQ / P-GPTQ (0-2 % on development text, "
         "nothing held out).", show_default=False)] = None,
+    asymmetric: Annotated[bool, typer.Option(
+        "--asymmetric", help="GPTQ: aim each linear at the float model's outputs from the float "
+        "model's own inputs, not at its float weights on the quantised model's inputs (GPTAQ; "
+        "docs/quant.md §2). Carries the float model's hidden states beside the quantised one's: "
+        "twice the calibration activations' memory and ~1.5x the calibration time. Not with "
+        "P-GPTQ. E.g. --preset gptq-iq4_nl --asymmetric")] = False,
     device: DeviceOpt = "auto",
     force: ForceOpt = False,
     json_out: JsonOpt = False,
@@ -213,6 +219,8 @@ def command(
         options.update(static_groups=True, act_order=act_order)
     if refit is not None:
         options["refit"] = refit
+    if asymmetric:
+        options["asymmetric"] = True
     if imatrix is not None:  # checked against the model before any work
         options["imatrix"] = _use_imatrix(imatrix, recipe, ckpt)
     if save_imatrix is not None:

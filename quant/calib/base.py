@@ -50,12 +50,14 @@ class BlockResult:
     """quantized / floats: full tensor-owner names -> canonical weight / changed float tensor
     (e.g. AWQ's rescaled norm weights, keyed by the tensor name `...input_layernorm.weight`).
     outputs: the quantised block's outputs [N, T, H] when the handler computed them on the way
-    (equal to `runner.run()`, which the driver calls otherwise)."""
+    (equal to `runner.run()`, which the driver calls otherwise); float_outputs: the float block's
+    outputs on the float model's inputs, when the handler carries both paths."""
 
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
     floats: dict[str, Tensor] = field(default_factory=dict)
     reports: list[LinearReport] = field(default_factory=list)
     outputs: Tensor | None = None
+    float_outputs: Tensor | None = None  # the float block on the float model's inputs (GPTQ asymmetric)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ class BlockRunner:
         self.device = inputs.device
         self.positions = torch.arange(inputs.shape[1], device=self.device)
         self.reference: Tensor | None = None
+        self.float_inputs: Tensor | None = None  # the float model's inputs [N, T, H], when carried
         self.pristine = True
         attn = layer.self_attn
         self._kv_shape = (attn.hkv, 0, attn.d)

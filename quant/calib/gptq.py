@@ -32,6 +32,7 @@ up to float rounding, to the plain column-by-column one.
 
 from __future__ import annotations
 
+import copy
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -98,6 +99,26 @@ def inverse_cholesky(h: torch.Tensor, damp: float, name: str = "",
     raise QuantError(f"the Hessian of {name or 'a layer'!r} is not positive definite even with "
                      f"damping {added:g} x mean(diag)", "give more calibration tokens (--samples) "
                      "or check the layer's inputs for inf/nan")
+
+
+def asymmetric_target(w: Tensor, h: Tensor, cross: Tensor, damp: float) -> Tensor:
+    """The weight GPTQ should reach when its inputs carry the earlier layers' quantisation
+    error (GPTAQ, Li et al. 2025: asymmetric calibration). GPTQ minimises `‖(W - Q) X_q‖²` on
+    the quantised model's inputs `X_q`; the float model computes `W X_f` from its own inputs
+    `X_f`. `‖W X_f - Q X_q‖² = ‖(W* - Q) X_q‖² + const` for the least-squares
+    `W* = W C H⁻¹` (`C = Σ x_f x_qᵀ`, `H = Σ x_q x_qᵀ`), so GPTQ of `W*` under `H` minimises
+    the asymmetric objective exactly. Computed as `W + W (C - H)(H + λI)⁻¹` (λ = `damp` x
+    mean diag H, GPTQ's damping; dead columns get 1 on the diagonal), which is `W` itself
+    when the two paths' inputs agree. w [out, in]; h, cross [in, in] scaled alike; float32."""
+    hd = h.double().clone()
+    diag = torch.diagonal(hd)
+    dead = diag == 0
+    mean = float(diag[~dead].mean()) if bool((~dead).any()) else 1.0
+    diag.add_(damp * mean)
+    diag[dead] = 1.0
+    delta = (cross.double() - h.double()).T          # (C - H)ᵀ
+    correction = torch.linalg.solve(hd, delta).T     # (C - H)(H + λI)⁻¹, hd symmetric
+    return (w.double() + w.double() @ correction).to(w.dtype)
 
 
 def block_size_for(group_size: int, block_size: int = DEFAULT_BLOCK) -> int:
@@ -331,7 +352,10 @@ class GPTQConfig:
     the other tokens (0 = left out entirely; see hessian.py); refit: the scales refitted to the
     codes by least squares of GPTQ's objective once a layer's codes are fixed (refit.py; off by
     default: 0-2 % lower KL on the development texts, no gain on held-out text); tail: how the
-    output layer is quantised, "gptq" (under its inputs' H) or "rtn" (its weights alone)."""
+    output layer is quantised, "gptq" (under its inputs' H) or "rtn" (its weights alone);
+    asymmetric: GPTQ aims at the float model's outputs from its own inputs rather than at the
+    float weights on the quantised model's inputs (`asymmetric_target`; the calibration then
+    carries the float model's hidden states beside the quantised one's)."""
 
     bits: int = 4
     group_size: int = 128
@@ -346,6 +370,7 @@ class GPTQConfig:
     grid: Grid = "minmax"
     refit: bool = False
     tail: str = "gptq"
+    asymmetric: bool = False
 
 
 class GPTQCalibrator(BlockCalibrator):
@@ -361,6 +386,8 @@ class GPTQCalibrator(BlockCalibrator):
         c = self.config
         text = (f"{self.name} {c.bits}-bit g{c.group_size} {'sym' if c.sym else 'asym'}"
                 f"{' act-order' if c.act_order else ''}{' static-groups' if c.static_groups else ''}")
+        if c.asymmetric:
+            text += " asymmetric"
         if not c.prefix_skip:
             return text
         how = f" cap {c.prefix_cap:g}" if c.prefix_cap else ""
@@ -378,20 +405,22 @@ class GPTQCalibrator(BlockCalibrator):
                              name=name, fmt=ctx.format_for(layer or name), refit=c.refit)
 
     def _quantize_sharing(self, runner: BlockRunner, names: list[str], h: Tensor,
-                          ctx: CalibContext) -> list[tuple[str, GPTQResult]]:
+                          ctx: CalibContext, targets: dict[str, Tensor] | None = None
+                          ) -> list[tuple[str, GPTQResult]]:
         """GPTQ of the linears `names`, which share one input and so one Hessian (q/k/v,
         gate/up). GPTQ treats every output row alone given H (the permutation, damping and
         inverse Cholesky come from H; group parameters and error updates are per row), so they
         run as ONE stacked [sum of outs, in] weight: one factorisation and one column loop
-        instead of one per linear, then split back by rows."""
+        instead of one per linear, then split back by rows. `targets`: the weights to aim at
+        per name (`asymmetric_target`), default the linears' own."""
         layers = [ctx.layer(runner.full(n)) for n in names]
         if len(set(layers)) > 1:  # per-layer formats differ: one stack per storage
             out = []
             for layer in dict.fromkeys(layers):
                 out += self._quantize_sharing(
-                    runner, [n for n, lq in zip(names, layers) if lq == layer], h, ctx)
+                    runner, [n for n, lq in zip(names, layers) if lq == layer], h, ctx, targets)
             return sorted(out, key=lambda item: names.index(item[0]))
-        weights = [runner.weight(n) for n in names]
+        weights = [runner.weight(n) if targets is None else targets[n] for n in names]
         if len(names) == 1:
             return [(names[0], self._quantize(weights[0], h, runner.full(names[0]), ctx))]
         stacked = self._quantize(torch.cat(weights), h,  # one storage: the first one's
@@ -417,12 +446,14 @@ class GPTQCalibrator(BlockCalibrator):
         # true-sequential on a plain decoder block: each part of the block runs once
         seq = SequentialForward(runner) if self.config.true_sequential and supports(runner) \
             else None
+        twin = self._float_twin(runner, seq) if self.config.asymmetric else None
+        crosses: dict = {}
         for groups in passes:
             todo = self.pending(runner, groups, ctx, result)
             if seq is not None:  # a skipped group is still run through: later groups need it
-                accs = seq.hessians([groups[0][0]], keep,  # the group shares one input
-                                    prefix=prefix if self.config.prefix_skip else None,
-                                    prefix_cap=self.config.prefix_cap)
+                accs, crosses = seq.capture([groups[0][0]], keep,  # the group shares one input
+                                            prefix=prefix if self.config.prefix_skip else None,
+                                            prefix_cap=self.config.prefix_cap, float_twin=twin)
             elif not todo:
                 continue
             else:
@@ -430,16 +461,39 @@ class GPTQCalibrator(BlockCalibrator):
                                        prefix=prefix if self.config.prefix_skip else None,
                                        prefix_cap=self.config.prefix_cap)
             for names in todo:
-                h = accs.pop(names[0] if seq is None else groups[0][0]).hessian(release=True)
-                for name, res in self._quantize_sharing(runner, names, h, ctx):
+                key = names[0] if seq is None else groups[0][0]
+                h = accs.pop(key).hessian(release=True)
+                targets = None if twin is None else \
+                    {n: asymmetric_target(runner.weight(n), h, crosses[key].matrix(),
+                                          self.config.damp) for n in names}
+                for name, res in self._quantize_sharing(runner, names, h, ctx, targets):
                     self.accept(runner, name, res.weight, ctx, result, h,
                                 extra={"damp": res.damp, "dead_columns": res.dead_columns})
         if seq is not None:
             result.outputs = seq.output()
+        if twin is not None:
+            result.float_outputs = twin.output()
         return result
 
+    def _float_twin(self, runner: BlockRunner, seq: SequentialForward | None) -> SequentialForward:
+        """The block's float copy on the float model's inputs (`runner.float_inputs`), stepped
+        beside `seq` so each linear's float-path inputs pair with its quantised-path ones."""
+        if seq is None or runner.float_inputs is None or self.config.prefix_skip:
+            raise QuantError(
+                f"asymmetric GPTQ needs a plain decoder block, the float model's hidden states "
+                f"and no prefix treatment ({runner.prefix}: "
+                f"{'not a plain DecoderLayer' if seq is None else 'no float inputs' if runner.float_inputs is None else 'P-GPTQ prefix'})",
+                "calibrate through quant.calib.calibrate (it carries both paths), with method gptq")
+        twin = BlockRunner(copy.deepcopy(runner.layer), runner.prefix, runner.float_inputs,
+                           runner.mask, runner.rope, runner.batch)
+        return SequentialForward(twin)
+
     def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
-                      ctx: CalibContext) -> QuantizedWeight:
+                      ctx: CalibContext, cross: Tensor | None = None) -> QuantizedWeight:
+        """lm_head (or the tied embedding) under its inputs' H; with `cross` (asymmetric: the
+        final hidden states' float/quantised cross moments) aiming at `asymmetric_target`."""
+        if h is not None and cross is not None and self.config.asymmetric:
+            w = asymmetric_target(w, h, cross, self.config.damp)
         if h is None or self.config.tail == "rtn":
             bits, group, sym = ctx.shape_for(name, self.config)
             return quantize_rtn(w, bits, group, sym, scale_dtype=ctx.scale_dtype,

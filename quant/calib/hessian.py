@@ -139,3 +139,41 @@ class HessianAccumulator:
             self.sum = torch.empty(0, dtype=torch.float64, device=self.sum.device)
         return h
 
+
+
+class CrossAccumulator:
+    """Running `Σ x_f x_qᵀ` (float64) of one linear's float-path inputs `x_f` against its
+    quantised-path inputs `x_q` (the same tokens), for GPTQ's asymmetric target (gptq.py,
+    `asymmetric_target`). `matrix()` is `(2/N) Σ x_f x_qᵀ` [in, in], scaled like
+    `HessianAccumulator.hessian()` so the two combine directly."""
+
+    def __init__(self, in_features: int, name: str = "", device: torch.device | str = "cpu") -> None:
+        self.in_features = in_features
+        self.name = name
+        self.sum = torch.zeros(in_features, in_features, dtype=torch.float64, device=device)
+        self.count = 0
+
+    def add(self, x_float: torch.Tensor, x_quant: torch.Tensor,
+            keep: torch.Tensor | None = None) -> None:
+        """Add token pairs: `x_float`, `x_quant` [..., in] of the same shape (rows where `keep`
+        [...] is False are ignored)."""
+        if x_float.shape != x_quant.shape or x_quant.shape[-1] != self.in_features:
+            raise QuantError(f"float and quantised inputs of {self.name or 'a linear'!r} do not "
+                             f"pair up: {list(x_float.shape)} and {list(x_quant.shape)}, "
+                             f"{self.in_features} features expected",
+                             "pass the same tokens' inputs along both paths")
+        f = x_float.detach().reshape(-1, self.in_features).float()
+        q = x_quant.detach().reshape(-1, self.in_features).float()
+        if keep is not None:
+            rows = keep.reshape(-1).to(torch.bool)
+            f, q = f[rows], q[rows]
+        if f.shape[0] == 0:
+            return
+        self.sum.add_(f.T @ q)
+        self.count += int(f.shape[0])
+
+    def matrix(self) -> torch.Tensor:
+        """float32 [in, in]: (2/N) Σ x_f x_qᵀ (zeros when no token was kept)."""
+        if self.count == 0:
+            return torch.zeros(self.in_features, self.in_features, device=self.sum.device)
+        return (self.sum * (2.0 / self.count)).float()

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from arkinfer.models.llama import DecoderLayer
 
 from .block import SEQUENTIAL_GROUPS, BlockRunner, StopForward
-from .hessian import HessianAccumulator
+from .hessian import CrossAccumulator, HessianAccumulator
 
 KEEP_BYTES = 1 << 30
 REPORT_SEQUENCES = 8
@@ -66,6 +66,15 @@ class SequentialForward:
     def hessians(self, names: list[str], keep: Tensor, prefix: Tensor | None = None,
                  prefix_cap: float = 0.0) -> dict[str, HessianAccumulator]:
         """Accumulators of the inputs of `names` (linears of the next group in order)."""
+        return self.capture(names, keep, prefix, prefix_cap)[0]
+
+    @torch.no_grad()
+    def capture(self, names: list[str], keep: Tensor, prefix: Tensor | None = None,
+                prefix_cap: float = 0.0, float_twin: SequentialForward | None = None
+                ) -> tuple[dict[str, HessianAccumulator], dict[str, CrossAccumulator]]:
+        """`hessians`, and with `float_twin` (a SequentialForward of the block's float copy on
+        the float model's inputs, stepped in lockstep) the cross moments `Σ x_f x_qᵀ` of the
+        same tokens' float-path and quantised-path inputs (empty dict without a twin)."""
         r = self.runner
         group = next(i for i, g in enumerate(SEQUENTIAL_GROUPS) if names[0] in g)
         if group != self.next_group or any(n not in SEQUENTIAL_GROUPS[group] for n in names):
@@ -76,13 +85,28 @@ class SequentialForward:
             r.take_reference(self.report_sequences)
         accs = {n: HessianAccumulator(r.linear(n).in_features, r.full(n), prefix_cap, r.device)
                 for n in names}
+        crosses = {} if float_twin is None else \
+            {n: CrossAccumulator(r.linear(n).in_features, r.full(n), r.device) for n in names}
+        if float_twin is not None:
+            float_twin._advance(group)
         for j, rows in enumerate(self._rows()):
             x = self._stage(group, j, rows)
             for acc in accs.values():
                 acc.add(x, keep[rows])
                 if prefix is not None:
                     acc.add_prefix(x, prefix[rows])
-        return accs
+            if float_twin is not None:
+                x_float = float_twin._stage(group, j, rows)
+                for cross in crosses.values():
+                    cross.add(x_float, x, keep[rows])
+        return accs, crosses
+
+    def _advance(self, group: int) -> None:
+        """Step a float twin to `group` (its stages are computed by the quantised side's
+        `capture`)."""
+        if group != self.next_group:
+            raise RuntimeError(f"float twin expected group {self.next_group}, got {group}")
+        self.next_group += 1
 
     def _rows(self) -> list[slice]:
         return [slice(b0, b1) for b0, b1 in self.runner.batches()]

@@ -58,7 +58,7 @@ from ..weight import Kind, QuantError, QuantizedWeight
 from .base import CalibContext, block_snr_db, context_for, hessian_snr_db, trim_heap
 from .block import LINEARS, BlockRunner
 from .device import describe, exact_float32, peak_bytes, reset_peak, resolve_device
-from .hessian import HessianAccumulator
+from .hessian import CrossAccumulator, HessianAccumulator
 from .registry import config_as_dict, config_for, handler_for
 
 ProgressFn = Callable[[int, int, float], None]
@@ -205,8 +205,10 @@ def _run_key(ckpt: Checkpoint, recipe: QuantRecipe, config: dict, calib: CalibDa
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _start_point(work_dir: Path, key: str, resume: bool, n_layers: int) -> tuple[int, Tensor | None]:
-    """(first block to process, its inputs or None = start from the embedding)."""
+def _start_point(work_dir: Path, key: str, resume: bool, n_layers: int
+                 ) -> tuple[int, Tensor | None, Tensor | None]:
+    """(first block to process, its inputs or None = start from the embedding, the float
+    model's inputs to it when the run carries them)."""
     run_json, hidden = work_dir / "run.json", work_dir / "hidden.safetensors"
     if resume and run_json.is_file():
         stored = json.loads(run_json.read_text())
@@ -219,15 +221,16 @@ def _start_point(work_dir: Path, key: str, resume: bool, n_layers: int) -> tuple
             with safe_open(str(hidden), framework="pt") as f:
                 after = int(f.metadata()["after_block"])
                 x = f.get_tensor("hidden")
+                x_float = f.get_tensor("hidden_float") if "hidden_float" in set(f.keys()) else None
             missing = [i for i in range(after + 1) if not block_file(work_dir, i).is_file()]
             if not missing:
                 for i in range(after + 1):
                     check_work_file(block_file(work_dir, i))
-                return after + 1, x
-        return 0, None
+                return after + 1, x, x_float
+        return 0, None, None
     fresh_work_folder(work_dir)
     run_json.write_text(json.dumps({"key": key, "n_layers": n_layers}) + "\n")
-    return 0, None
+    return 0, None, None
 
 
 def open_float_source(source: str | Path | Checkpoint) -> tuple[Checkpoint, nn.Module]:
@@ -286,14 +289,17 @@ def _calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Cali
     seq_len = calib.seq_len
     batch = batch or max(1, 4096 // seq_len)
     key = _run_key(ckpt, recipe, config_as_dict(config), calib, batch, dev)
-    start, x = _start_point(work_dir, key, resume, n_layers)
+    carry_float = bool(getattr(config, "asymmetric", False))  # GPTQ asymmetric: both paths
+    start, x, x_float = _start_point(work_dir, key, resume, n_layers)
     mask = calib.mask.to(dev)
     if x is None:
         emb = ckpt.weights.get("model.embed_tokens.weight")
         x = nn.functional.embedding(calib.ids, emb).float() * cfg.embedding_scale
         del emb
         release_maps(ckpt)
+        x_float = x.clone() if carry_float else None
     x = x.to(dev)
+    x_float = None if x_float is None else x_float.to(dev)
     inv_freq, rope_scale = cfg.inv_freq(seq_len)
     rope = (inv_freq.to(dev), rope_scale)
     save_cost = since_save = 0.0
@@ -303,6 +309,7 @@ def _calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Cali
         layer = load_block(model, ckpt, i, dev)
         release_maps(ckpt)
         runner = BlockRunner(layer, f"model.layers.{i}.", x, mask, rope, batch)
+        runner.float_inputs = x_float
         if not handler.records_reference:
             runner.ensure_reference()
         result = handler.quantize_block(runner, ctx)
@@ -319,25 +326,33 @@ def _calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Cali
         if (i == n_layers - 1 or save_cost < HIDDEN_SAVE_MIN_SECONDS
                 or since_save >= HIDDEN_SAVE_RATIO * save_cost):
             t_save = time.perf_counter()
-            _atomic_save(work_dir / "hidden.safetensors", {"hidden": y.cpu().contiguous()},
-                         {"after_block": str(i)})
+            hidden = {"hidden": y.cpu().contiguous()}
+            if carry_float:
+                hidden["hidden_float"] = result.float_outputs.cpu().contiguous()
+            _atomic_save(work_dir / "hidden.safetensors", hidden, {"after_block": str(i)})
             save_cost, since_save = time.perf_counter() - t_save, 0.0
         model.model.layers[i] = layer.to("meta")
+        y_float = result.float_outputs
         del runner, layer, result
         trim_heap()
         x = y
+        if carry_float:
+            x_float = y_float
         if progress is not None:
             progress(i, n_layers, info["seconds"])
     blocks = [load_info(block_file(work_dir, i)) for i in range(n_layers)]
-    tail = _tail(ckpt, recipe, handler, ctx, x, mask, work_dir)
+    tail = _tail(ckpt, recipe, handler, ctx, x, mask, work_dir, x_float)
     return CalibrationRun(ckpt.path, work_dir, recipe, config_as_dict(config),
                           calib.describe(), n_layers, blocks, tail,
                           round(time.perf_counter() - t_start, 3), describe(dev))
 
 
 def _tail(ckpt: Checkpoint, recipe: QuantRecipe, handler, ctx: CalibContext, x: Tensor,
-          mask: Tensor, work_dir: Path) -> dict | None:
-    """Quantise lm_head unless the recipe skips it (inputs: final norm of the last hidden)."""
+          mask: Tensor, work_dir: Path, x_float: Tensor | None = None) -> dict | None:
+    """Quantise lm_head unless the recipe skips it (inputs: final norm of the last hidden).
+    With `x_float` (the float model's last hidden, asymmetric GPTQ) an untied lm_head aims at
+    the float model's logits; a tied one stays aimed at its own weights, which the embedding
+    lookup reads too."""
     path = work_dir / "tail.safetensors"
     if recipe.skips("lm_head"):
         path.unlink(missing_ok=True)
@@ -349,7 +364,13 @@ def _tail(ckpt: Checkpoint, recipe: QuantRecipe, handler, ctx: CalibContext, x: 
     h = torch.ops.arkinfer.rms_norm(x, norm_w, cfg.rms_norm_eps) / cfg.logit_divisor
     acc = HessianAccumulator(w.shape[1], "lm_head", device=x.device)
     acc.add(h, mask)
-    return save_tail(path, handler, ctx, w, acc.hessian() if acc.count else None)
+    cross = None
+    if x_float is not None and not cfg.tie_word_embeddings and acc.count:
+        h_float = torch.ops.arkinfer.rms_norm(x_float, norm_w, cfg.rms_norm_eps) / cfg.logit_divisor
+        moments = CrossAccumulator(w.shape[1], "lm_head", device=x.device)
+        moments.add(h_float, h, mask)
+        cross = moments.matrix()
+    return save_tail(path, handler, ctx, w, acc.hessian() if acc.count else None, cross)
 
 
 def tail_weight(ckpt: Checkpoint) -> Tensor:
@@ -359,11 +380,14 @@ def tail_weight(ckpt: Checkpoint) -> Tensor:
     return w.to(torch.float32, copy=True)
 
 
-def save_tail(path: Path, handler, ctx: CalibContext, w: Tensor, hess: Tensor | None) -> dict:
-    """Quantise lm_head (`hess`: its input Hessian, None without tokens), check it against the
-    format and write `path`; returns the tail's report."""
+def save_tail(path: Path, handler, ctx: CalibContext, w: Tensor, hess: Tensor | None,
+              cross: Tensor | None = None) -> dict:
+    """Quantise lm_head (`hess`: its input Hessian, None without tokens; `cross`: the float /
+    quantised cross moments of asymmetric GPTQ), check it against the format and write `path`;
+    returns the tail's report."""
     t0 = time.perf_counter()
-    qw = handler.quantize_tail("lm_head", w, hess, ctx)
+    qw = handler.quantize_tail("lm_head", w, hess, ctx) if cross is None else \
+        handler.quantize_tail("lm_head", w, hess, ctx, cross=cross)
     info: dict[str, Any] = {"name": "lm_head", "recipe": handler.describe()}
     why = ctx.refusal(qw, "lm_head")
     if why is not None:

@@ -109,3 +109,17 @@ def test_refit_changes_only_the_scales(app, model_with_tokenizer, tmp_path):
     code, out = invoke(app, model_with_tokenizer, "--method", "rtn", "--refit", "-o",
                        tmp_path / "c")
     assert code != 0 and "refit" in out and "rtn" in out, out
+
+
+def test_asymmetric_gptq_from_the_cli(app, model_with_tokenizer, tmp_path):
+    """--asymmetric: GPTQ aims at the float model's outputs (the summary's blocks say so); AWQ,
+    which has no such target, refuses it with the option's name."""
+    code, out = invoke(app, model_with_tokenizer, "--method", "gptq", "--group-size", "32",
+                       "--samples", "4", "--seq-len", "32", "--no-kl", "--asymmetric",
+                       "-o", tmp_path / "a", "--json")
+    assert code == 0, out
+    summary = json.loads((tmp_path / "a" / "quant_summary.json").read_text())
+    assert "asymmetric" in summary["blocks"][0]["linears"][0]["recipe"]
+    code, out = invoke(app, model_with_tokenizer, "--method", "awq", "--asymmetric",
+                       "-o", tmp_path / "b")
+    assert code != 0 and "asymmetric" in out and "awq" in out, out
