@@ -102,7 +102,7 @@ ROWS = {
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                              skip=(), budget=4.9), ACT),
     "gptq-mix-4.9-asym": Row("the same with asymmetric GPTQ (aimed at the float model's outputs "
-                             "from its own inputs, `--option asymmetric=true`)",
+                             "from its own inputs, `quantize --asymmetric`)",
                              dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                                   skip=(), budget=4.9), {**ACT, "asymmetric": True}),
     "gptq-mix-4.9-diagonal": Row("the same with the Fisher diagonal and RTN's errors (the "
