@@ -92,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the last-level cache, at least 64)")
     p.add_argument("--torch-only", action="store_true",
                    help="sparse decode without the C kernels (the pure-torch fallback)")
+    p.add_argument("--avx2", action="store_true",
+                   help="force the AVX2 path of the C kernels on a CPU with AVX-512 / AMX (what an "
+                        "AVX2-only CPU runs; the JSON's decode_kernels says so)")
     p.add_argument("--system-malloc", action="store_true",
                    help="keep glibc's default mmap/trim thresholds (by default they are raised so "
                         "freed temporaries are reused, as in a long-running server process)")
@@ -430,8 +433,12 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     cfg = replace(SparseConfig(), dense_len=-1)
     contexts = [int(c) for c in args.contexts.split(",")]
     native = kernels()
+    if native is not None and args.avx2:
+        native.use_avx512(False)
+        native.use_amx(False)
     decode_kernels = "torch" if native is None else \
-        f"C ({'AVX2 + AVX-512 tiles' if native.use_avx512() else 'AVX2'}, " \
+        f"C ({'AVX2 + AVX-512 tiles' if native.use_avx512() else 'AVX2'}" \
+        f"{' forced (--avx2)' if args.avx2 else ''}, " \
         f"{'OpenMP' if native.threaded else 'one thread'})"
     groups = [int(g) for g in args.groups.split(",")] if args.groups else [HQ // HKV]
     args.flush = Flush("none" if args.warm else args.flush,
