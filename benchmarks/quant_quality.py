@@ -63,6 +63,7 @@ class Row:
     floor: float | None = None  # mixed precision's Fisher floor (quant.mix.FLOOR) for ablations
     sensitivity: str | None = None  # quant.mix.SENSITIVITY for this row (None: the default)
     fisher_windows: int | None = None  # quant.mix.FISHER_WINDOWS for this row (None: default)
+    input_floor: float | None = None  # quant.mix.INPUT_FLOOR for this row (None: the default)
 
 
 ACT = {"act_order": True, "static_groups": True}  # act-order with group scales fixed first
@@ -105,6 +106,12 @@ ROWS = {
                              "from its own inputs, `quantize --asymmetric`)",
                              dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                                   skip=(), budget=4.9), {**ACT, "asymmetric": True}),
+    "gptq-mix-4.9-hfloor0.1": Row("the same with K-FAC's input factor floored (H + 0.1 x mean diag H)",
+                                  dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                       skip=(), budget=4.9), ACT, input_floor=0.1),
+    "gptq-mix-4.9-hfloor1": Row("the same with K-FAC's input factor floored (H + 1 x mean diag H)",
+                                dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                     skip=(), budget=4.9), ACT, input_floor=1.0),
     "gptq-mix-4.9-diagonal": Row("the same with the Fisher diagonal and RTN's errors (the "
                                  "sensitivity before; ablation)",
                                  dict(calib="gptq", format="gguf-q4_0", group_size=32,
@@ -236,12 +243,15 @@ def quantised_folder(name: str, row: Row, hf: Path, samples: int, seq_len: int) 
         sensitivity, fisher_windows = mix.SENSITIVITY, mix.FISHER_WINDOWS
         mix.SENSITIVITY = row.sensitivity or sensitivity
         mix.FISHER_WINDOWS = row.fisher_windows or fisher_windows
+        input_floor = mix.INPUT_FLOOR
+        mix.INPUT_FLOOR = input_floor if row.input_floor is None else row.input_floor
         try:
             run = calibrate(ckpt, recipe, data, work, options=row.options,
                             progress=lambda i, n, s: print(f"   {name}: block {i + 1}/{n} "
                                                            f"{s:.1f} s", flush=True))
         finally:
             mix.FLOOR, mix.SENSITIVITY, mix.FISHER_WINDOWS = floor, sensitivity, fisher_windows
+            mix.INPUT_FLOOR = input_floor
     return export_folder(run, out, force=True)
 
 

@@ -186,7 +186,10 @@ def _kfac_cost(factors: KroneckerFactors, name: str, rows: Tensor | None, d: Ten
     gi = gi + FLOOR * gi.mean()
     if rows is not None:
         gi = gi[rows]
-    quad = ((d.double() @ factors.h[name].double()) * d.double()).sum(1)
+    h = factors.h[name].double()
+    quad = ((d.double() @ h) * d.double()).sum(1)
+    if INPUT_FLOOR:  # H + INPUT_FLOOR x mean(diag H) x I: input directions calibration lacks
+        quad = quad + INPUT_FLOOR * float(torch.diagonal(h).mean()) * (d.double() ** 2).sum(1)
     cost = 0.5 * float((gi.double() * quad).sum())
     if name == OUTPUT and factors.embedding is not None:
         f = factors.embedding
@@ -265,6 +268,10 @@ def stored_bits(format_name: str, shape: tuple[int, int]) -> float:
 #: tokens (a language it lacks), so their output rows look free to round; the floor keeps every
 #: weight's error counted a little (chosen on the development texts, BENCHMARKS.md).
 FLOOR = 1.0
+
+#: K-FAC's input factor H plus INPUT_FLOOR x its mean diagonal: GPTQ parks its error in the input
+#: directions the calibration text rarely excites, which text unlike it may excite (0: H alone).
+INPUT_FLOOR = 0.0
 
 
 def format_costs(model: torch.nn.Module, fisher: dict[str, Tensor] | KroneckerFactors,

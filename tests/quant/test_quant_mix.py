@@ -230,3 +230,22 @@ def test_build_gptq_mix_gguf_passes_the_gate_within_its_budget(tmp_path):
     assert len(types) >= 2, types  # mixed
     bits = 8 * sum(int(t.n_bytes) for t in tensors) / sum(int(t.n_elements) for t in tensors)
     assert bits <= 4.9 + 1e-6, bits
+
+
+def test_input_floor_adds_the_mean_diagonal_to_h(monkeypatch):
+    """INPUT_FLOOR f: the cost is the K-FAC form under H + f x mean(diag H) x I."""
+    from arkinfer.quant import mix
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 6, generator=gen)
+    h = x.T @ x / 50
+    factors = mix.KroneckerFactors({"a": torch.rand(4, generator=gen) + 0.5}, {"a": h})
+    d = torch.randn(4, 6, generator=gen)
+    monkeypatch.setattr(mix, "FLOOR", 0.0)
+    plain = mix._kfac_cost(factors, "a", None, d)
+    monkeypatch.setattr(mix, "INPUT_FLOOR", 0.5)
+    floored = mix._kfac_cost(factors, "a", None, d)
+    h_floored = h + 0.5 * torch.diagonal(h).mean() * torch.eye(6)
+    g = factors.g["a"].double()
+    expected = 0.5 * float((g * ((d.double() @ h_floored.double()) * d.double()).sum(1)).sum())
+    assert floored == pytest.approx(expected, rel=1e-6) and floored > plain
