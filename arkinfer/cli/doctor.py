@@ -137,12 +137,14 @@ def run(remeasure: bool, json_out: bool) -> None:
     record = host_measurement(measure_if_missing=True, remeasure=remeasure)
     from arkinfer.huge_pages import status as huge_page_status
     from arkinfer.ops.infllmv2.native import describe
+    from arkinfer.targets.machine import cpu_features
 
     used_for = packages()
     info = {"arkinfer": __version__, "python": platform.python_version(),
             "platform": platform.platform(), "backends": backends(),
             "packages": package_versions(used_for),
             "host": {**record, "cache": str(cache_path()), "from_cache": cached is not None},
+            "cpu_features": cpu_features(),
             "infllmv2_decode": describe(), "huge_page_malloc": huge_page_status()}
     if json_out:
         print_json(info)
@@ -156,7 +158,8 @@ def run(remeasure: bool, json_out: bool) -> None:
                 [[d, v or "not installed", used_for[d]] for d, v in info["packages"].items()])
     h = info["host"]
     print_kv("this machine (the `host` target)", [
-        ("cpu", f"{h['cpu']}, {h['threads']} torch threads"),
+        ("cpu", (f"{h['cpu']} ({' '.join(info['cpu_features']) or 'SIMD features unknown'}), "
+                 f"{h['threads']} torch threads")),
         ("memory", f"{h['memory_bytes'] / 2**30:.3g} GiB"),
         ("copy bandwidth", (f"{h['copy_bandwidth_bytes_s'] / 1e9:.3g} GB/s "
                            f"({h['method']['copy_bandwidth']})")),

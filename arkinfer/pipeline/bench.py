@@ -36,7 +36,7 @@ LLAMA_BENCH_FIELDS = ("cpu_info", "backends", "model_filename", "model_type", "m
                       "model_n_params", "n_threads", "n_prompt", "n_gen", "n_depth", "test_time",
                       "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts")
 OUR_FIELDS = ("test", "attention", "ttft_ms", "peak_rss_bytes", "predicted_ts",
-              "measured_over_predicted", "target", "quant", "huge_page_malloc")
+              "measured_over_predicted", "target", "quant", "huge_page_malloc", "cpu_features")
 
 
 # Bounds checked when a BenchSpec is made (before anything is loaded or allocated): token counts,
@@ -325,8 +325,10 @@ def speculative_row(common: dict[str, Any], n: int, prompt_tokens: int, attentio
 
 def common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
     """The fields every row of one bench shares, from the artifact's manifest; `cpu` names the
-    machine that ran it (llama-bench's cpu_info)."""
+    machine that ran it (llama-bench's cpu_info), `cpu_features` its SIMD flags."""
     import torch
+
+    from arkinfer.targets.machine import cpu_features
 
     return {"cpu_info": cpu, "backends": manifest["backend"]["name"],
             "model_filename": manifest["name"], "model_type": manifest["source"]["architecture"],
@@ -334,7 +336,7 @@ def common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
             "model_n_params": manifest.get("source", {}).get("n_params"),
             "n_threads": torch.get_num_threads(), "target": manifest["target"]["id"],
             "quant": manifest["quant"]["scheme"],
-            "huge_page_malloc": huge_page_status()["on"]}
+            "huge_page_malloc": huge_page_status()["on"], "cpu_features": cpu_features()}
 
 
 def host_predictor(manifest: dict[str, Any], raw_config: dict[str, Any]):

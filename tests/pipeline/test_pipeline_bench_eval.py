@@ -26,6 +26,7 @@ def test_bench_json_has_llama_bench_fields_and_plot_renders(demo_artifact, tmp_p
     assert len(rows) == 2 * 2 * 2  # attention x depth x (pp, tg)
     for r in rows:
         assert all(k in r for k in LLAMA_BENCH)
+        assert isinstance(r["cpu_features"], list)  # the SIMD flags the speed depends on
         assert len(r["samples_ts"]) == 2 and r["avg_ts"] > 0
         assert abs(r["avg_ts"] - np.mean(r["samples_ts"])) < 1e-6 * r["avg_ts"]
     pp = [r for r in rows if r["n_prompt"]]
