@@ -184,7 +184,7 @@ def command(
         "--asymmetric", help="GPTQ: aim each linear at the float model's outputs from the float "
         "model's own inputs, not at its float weights on the quantised model's inputs (GPTAQ; "
         "docs/quant.md §2). Carries the float model's hidden states beside the quantised one's: "
-        "twice the calibration activations' memory and ~1.5x the calibration time. Not with "
+        "twice the calibration activations' memory and ~1.7x the calibration time. Not with "
         "P-GPTQ. E.g. --preset gptq-iq4_nl --asymmetric")] = False,
     device: DeviceOpt = "auto",
     force: ForceOpt = False,

@@ -30,6 +30,7 @@ from typing import Any
 
 from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.huge_pages import status as huge_page_status
+from arkinfer.targets.machine import cpu_features
 
 # llama-bench's JSON fields we fill (same names and meaning), then ArkInfer's own.
 LLAMA_BENCH_FIELDS = ("cpu_info", "backends", "model_filename", "model_type", "model_size",
@@ -327,8 +328,6 @@ def common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
     """The fields every row of one bench shares, from the artifact's manifest; `cpu` names the
     machine that ran it (llama-bench's cpu_info), `cpu_features` its SIMD flags."""
     import torch
-
-    from arkinfer.targets.machine import cpu_features
 
     return {"cpu_info": cpu, "backends": manifest["backend"]["name"],
             "model_filename": manifest["name"], "model_type": manifest["source"]["architecture"],

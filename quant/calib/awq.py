@@ -275,7 +275,7 @@ class AWQCalibrator(BlockCalibrator):
         return result
 
     def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
-                      ctx: CalibContext) -> QuantizedWeight:
+                      ctx: CalibContext, cross: Tensor | None = None) -> QuantizedWeight:
         c = self.config
         return quantize_rtn(w, c.bits, c.group_size, c.sym, scale_dtype=ctx.scale_dtype,
                             grid=c.grid, name=name)

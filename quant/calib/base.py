@@ -199,8 +199,9 @@ class BlockCalibrator:
         raise NotImplementedError
 
     def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
-                      ctx: CalibContext) -> QuantizedWeight:
-        """A linear outside the blocks (lm_head), given its input Hessian when captured."""
+                      ctx: CalibContext, cross: Tensor | None = None) -> QuantizedWeight:
+        """A linear outside the blocks (lm_head), given its input Hessian when captured and, for
+        GPTQ's asymmetric target, its float / quantised cross moments (others ignore them)."""
         raise NotImplementedError
 
     # --------------------------------------------------------------------------- helpers

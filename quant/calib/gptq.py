@@ -101,15 +101,9 @@ def inverse_cholesky(h: torch.Tensor, damp: float, name: str = "",
                      "or check the layer's inputs for inf/nan")
 
 
-def asymmetric_target(w: Tensor, h: Tensor, cross: Tensor, damp: float) -> Tensor:
-    """The weight GPTQ should reach when its inputs carry the earlier layers' quantisation
-    error (GPTAQ, Li et al. 2025: asymmetric calibration). GPTQ minimises `‖(W - Q) X_q‖²` on
-    the quantised model's inputs `X_q`; the float model computes `W X_f` from its own inputs
-    `X_f`. `‖W X_f - Q X_q‖² = ‖(W* - Q) X_q‖² + const` for the least-squares
-    `W* = W C H⁻¹` (`C = Σ x_f x_qᵀ`, `H = Σ x_q x_qᵀ`), so GPTQ of `W*` under `H` minimises
-    the asymmetric objective exactly. Computed as `W + W (C - H)(H + λI)⁻¹` (λ = `damp` x
-    mean diag H, GPTQ's damping; dead columns get 1 on the diagonal), which is `W` itself
-    when the two paths' inputs agree. w [out, in]; h, cross [in, in] scaled alike; float32."""
+def asymmetric_correction(h: Tensor, cross: Tensor, damp: float) -> Tensor:
+    """`(C - H)(H + λI)⁻¹` float64 [in, in] for `asymmetric_target` (one per shared input: the
+    linears reading it, q/k/v or gate/up, each add `W @` this to their weight)."""
     hd = h.double().clone()
     diag = torch.diagonal(hd)
     dead = diag == 0
@@ -117,7 +111,19 @@ def asymmetric_target(w: Tensor, h: Tensor, cross: Tensor, damp: float) -> Tenso
     diag.add_(damp * mean)
     diag[dead] = 1.0
     delta = (cross.double() - h.double()).T          # (C - H)ᵀ
-    correction = torch.linalg.solve(hd, delta).T     # (C - H)(H + λI)⁻¹, hd symmetric
+    return torch.linalg.solve(hd, delta).T           # (C - H)(H + λI)⁻¹, hd symmetric
+
+
+def asymmetric_target(w: Tensor, correction: Tensor) -> Tensor:
+    """The weight GPTQ should reach when its inputs carry the earlier layers' quantisation
+    error (GPTAQ, Li et al. 2025: asymmetric calibration). GPTQ minimises `‖(W - Q) X_q‖²` on
+    the quantised model's inputs `X_q`; the float model computes `W X_f` from its own inputs
+    `X_f`. `‖W X_f - Q X_q‖² = ‖(W* - Q) X_q‖² + const` for the least-squares
+    `W* = W C H⁻¹` (`C = Σ x_f x_qᵀ`, `H = Σ x_q x_qᵀ`), so GPTQ of `W*` under `H` minimises
+    the asymmetric objective exactly. Computed as `W + W (C - H)(H + λI)⁻¹` (λ = `damp` x
+    mean diag H, GPTQ's damping; dead columns get 1 on the diagonal), which is `W` itself
+    when the two paths' inputs agree. w [out, in]; `correction` from `asymmetric_correction`
+    (h, cross [in, in] scaled alike)."""
     return (w.double() + w.double() @ correction).to(w.dtype)
 
 
@@ -463,9 +469,10 @@ class GPTQCalibrator(BlockCalibrator):
             for names in todo:
                 key = names[0] if seq is None else groups[0][0]
                 h = accs.pop(key).hessian(release=True)
-                targets = None if twin is None else \
-                    {n: asymmetric_target(runner.weight(n), h, crosses[key].matrix(),
-                                          self.config.damp) for n in names}
+                targets = None
+                if twin is not None:
+                    correction = asymmetric_correction(h, crosses[key].matrix(), self.config.damp)
+                    targets = {n: asymmetric_target(runner.weight(n), correction) for n in names}
                 for name, res in self._quantize_sharing(runner, names, h, ctx, targets):
                     self.accept(runner, name, res.weight, ctx, result, h,
                                 extra={"damp": res.damp, "dead_columns": res.dead_columns})
@@ -478,11 +485,13 @@ class GPTQCalibrator(BlockCalibrator):
     def _float_twin(self, runner: BlockRunner, seq: SequentialForward | None) -> SequentialForward:
         """The block's float copy on the float model's inputs (`runner.float_inputs`), stepped
         beside `seq` so each linear's float-path inputs pair with its quantised-path ones."""
-        if seq is None or runner.float_inputs is None or self.config.prefix_skip:
+        why = ("not a plain DecoderLayer" if seq is None else
+               "no float inputs" if runner.float_inputs is None else
+               "P-GPTQ prefix" if self.config.prefix_skip else None)
+        if why is not None:
             raise QuantError(
                 f"asymmetric GPTQ needs a plain decoder block, the float model's hidden states "
-                f"and no prefix treatment ({runner.prefix}: "
-                f"{'not a plain DecoderLayer' if seq is None else 'no float inputs' if runner.float_inputs is None else 'P-GPTQ prefix'})",
+                f"and no prefix treatment ({runner.prefix}: {why})",
                 "calibrate through quant.calib.calibrate (it carries both paths), with method gptq")
         twin = BlockRunner(copy.deepcopy(runner.layer), runner.prefix, runner.float_inputs,
                            runner.mask, runner.rope, runner.batch)
@@ -493,7 +502,7 @@ class GPTQCalibrator(BlockCalibrator):
         """lm_head (or the tied embedding) under its inputs' H; with `cross` (asymmetric: the
         final hidden states' float/quantised cross moments) aiming at `asymmetric_target`."""
         if h is not None and cross is not None and self.config.asymmetric:
-            w = asymmetric_target(w, h, cross, self.config.damp)
+            w = asymmetric_target(w, asymmetric_correction(h, cross, self.config.damp))
         if h is None or self.config.tail == "rtn":
             bits, group, sym = ctx.shape_for(name, self.config)
             return quantize_rtn(w, bits, group, sym, scale_dtype=ctx.scale_dtype,

@@ -140,7 +140,6 @@ class HessianAccumulator:
         return h
 
 
-
 class CrossAccumulator:
     """Running `Σ x_f x_qᵀ` (float64) of one linear's float-path inputs `x_f` against its
     quantised-path inputs `x_q` (the same tokens), for GPTQ's asymmetric target (gptq.py,

@@ -57,7 +57,7 @@ class _NoCalibration(BlockCalibrator):
         return result
 
     def quantize_tail(self, name: str, w: Tensor, h: Tensor | None,
-                      ctx: CalibContext) -> QuantizedWeight:
+                      ctx: CalibContext, cross: Tensor | None = None) -> QuantizedWeight:
         return self.quantize_weight(w, name, ctx)
 
 

@@ -316,6 +316,7 @@ def _calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Cali
         if runner.reference is None:
             raise RuntimeError(f"handler {handler.name} did not run the float block first")
         y = result.outputs if result.outputs is not None else runner.run()
+        y_float = result.float_outputs  # None unless the run carries the float model's path
         info = {"block": i, "seconds": round(time.perf_counter() - t0, 3),
                 "block_snr_db": _round(block_snr_db(runner.reference, x, y, mask)),
                 "linears": [r.as_dict() for r in result.reports]}
@@ -327,17 +328,14 @@ def _calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Cali
                 or since_save >= HIDDEN_SAVE_RATIO * save_cost):
             t_save = time.perf_counter()
             hidden = {"hidden": y.cpu().contiguous()}
-            if carry_float:
-                hidden["hidden_float"] = result.float_outputs.cpu().contiguous()
+            if y_float is not None:
+                hidden["hidden_float"] = y_float.cpu().contiguous()
             _atomic_save(work_dir / "hidden.safetensors", hidden, {"after_block": str(i)})
             save_cost, since_save = time.perf_counter() - t_save, 0.0
         model.model.layers[i] = layer.to("meta")
-        y_float = result.float_outputs
         del runner, layer, result
         trim_heap()
-        x = y
-        if carry_float:
-            x_float = y_float
+        x, x_float = y, y_float
         if progress is not None:
             progress(i, n_layers, info["seconds"])
     blocks = [load_info(block_file(work_dir, i)) for i in range(n_layers)]
@@ -386,8 +384,7 @@ def save_tail(path: Path, handler, ctx: CalibContext, w: Tensor, hess: Tensor | 
     quantised cross moments of asymmetric GPTQ), check it against the format and write `path`;
     returns the tail's report."""
     t0 = time.perf_counter()
-    qw = handler.quantize_tail("lm_head", w, hess, ctx) if cross is None else \
-        handler.quantize_tail("lm_head", w, hess, ctx, cross=cross)
+    qw = handler.quantize_tail("lm_head", w, hess, ctx, cross)
     info: dict[str, Any] = {"name": "lm_head", "recipe": handler.describe()}
     why = ctx.refusal(qw, "lm_head")
     if why is not None:

@@ -9,7 +9,7 @@ import filecmp
 import pytest
 import torch
 from arkinfer.quant import QuantError, QuantRecipe
-from arkinfer.quant.calib.gptq import asymmetric_target
+from arkinfer.quant.calib.gptq import asymmetric_correction, asymmetric_target
 from arkinfer.quant.calib.hessian import CrossAccumulator, HessianAccumulator
 from arkinfer.quant.calib.stream import calibrate, load_weights
 from arkinfer.quant.export import export_folder
@@ -28,12 +28,12 @@ def test_target_is_the_least_squares_weight():
     h, cross = HessianAccumulator(24), CrossAccumulator(24)
     h.add(x_quant)
     cross.add(x_float, x_quant)
-    target = asymmetric_target(w, h.hessian(), cross.matrix(), damp=0.0)
+    target = asymmetric_target(w, asymmetric_correction(h.hessian(), cross.matrix(), damp=0.0))
     # argmin_W' ||x_float W^T - x_quant W'^T||
     expected = torch.linalg.lstsq(x_quant.double(), (x_float @ w.T).double()).solution.T
     assert torch.allclose(target.double(), expected, atol=1e-4)
     # equal inputs on both paths: the target is the weight itself, whatever the damping
-    assert torch.equal(asymmetric_target(w, h.hessian(), h.hessian(), damp=0.01), w)
+    assert torch.equal(asymmetric_target(w, asymmetric_correction(h.hessian(), h.hessian(), 0.01)), w)
 
 
 def test_cross_accumulator_masks_and_refuses_unpaired_inputs():
