@@ -8,6 +8,7 @@ decode each next token of the text) and reports top-1 agreement and |logit| diff
 step.
 
     .venv/bin/python benchmarks/decode_agreement.py ARTIFACT [ARTIFACT ...] [--json OUT]
+        [--onnx-accuracy-level 4]    # onnx artifacts: MatMulNBits' int8 activations
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ TEXT = ("The history of bread goes back at least 30,000 years. Early humans made
 PREFILL = 8
 
 
-def agreement(artifact: Path) -> dict:
+def agreement(artifact: Path, onnx_accuracy_level: int | None = None) -> dict:
     manifest = json.loads((artifact / "arkinfer.json").read_text())
-    backend = get_backend(manifest["backend"]["name"])
-    runner = backend.load(artifact)
+    name = manifest["backend"]["name"]
+    backend = get_backend(name)
+    level = onnx_accuracy_level if name in ("onnx", "tensorrt") else None
+    runner = backend.load(artifact) if level is None else \
+        backend.load(artifact, accuracy_level=level)
     reference = ReferenceRunner(backend.reference_weights(artifact))
     ids = reference.tokenize(TEXT)
     a, b = runner.prefill(ids[:PREFILL]), reference.prefill(ids[:PREFILL])
@@ -43,7 +47,7 @@ def agreement(artifact: Path) -> dict:
         diffs.append(float((a - b).abs().max()))
         a, b = runner.decode(token), reference.decode(token)
     steps = len(ids) - PREFILL
-    return {"artifact": str(artifact), "backend": manifest["backend"]["name"],
+    return {"artifact": str(artifact), "backend": name, "onnx_accuracy_level": level,
             "notes": manifest["backend"].get("notes", []), "decode_steps": steps,
             "top1_agreement": same / steps, "max_abs_logit_diff": max(diffs),
             "mean_max_abs_logit_diff": sum(diffs) / steps}
@@ -53,13 +57,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("artifacts", nargs="+", type=Path)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--onnx-accuracy-level", type=int, choices=(0, 1, 2, 3, 4),
+                    help="onnx / tensorrt artifacts: MatMulNBits' accuracy_level (default: "
+                         "the artifact's manifest, else 0)")
     args = ap.parse_args()
     load = os.getloadavg()
-    rows = [agreement(a) for a in args.artifacts]
+    rows = [agreement(a, args.onnx_accuracy_level) for a in args.artifacts]
     print("| artifact | backend | decode steps | top-1 agreement | max / mean max abs logit diff |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {Path(r['artifact']).name} | {r['backend']} | {r['decode_steps']} | "
+        level = "" if r["onnx_accuracy_level"] is None else f" (level {r['onnx_accuracy_level']})"
+        print(f"| {Path(r['artifact']).name} | {r['backend']}{level} | {r['decode_steps']} | "
               f"{r['top1_agreement']:.3f} | {r['max_abs_logit_diff']:.3f} / "
               f"{r['mean_max_abs_logit_diff']:.3f} |")
     if args.json:

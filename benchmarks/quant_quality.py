@@ -92,6 +92,10 @@ ROWS = {
                             "own inputs)",
                             dict(calib="gptq", format="gguf-iq4_nl", group_size=32, grid="mse"),
                             {**ACT, "asymmetric": True}),
+    "gptq-iq4_nl-2pass": Row("GPTQ IQ4_NL, every group's scale re-chosen from the first pass's "
+                             "error-fed weights, then GPTQ again",
+                             dict(calib="gptq", format="gguf-iq4_nl", group_size=32, grid="mse"),
+                             {**ACT, "static_passes": 2}),
     "gptq-iq4_nl-damp0.1": Row("the same with GPTQ damping 0.1 instead of 0.01 (ablation)",
                                dict(calib="gptq", format="gguf-iq4_nl", group_size=32,
                                     grid="mse"), {**ACT, "damp": 0.1}),
@@ -102,6 +106,10 @@ ROWS = {
                         "(Kronecker-factored Fisher, GPTQ's errors), <= 4.9 bits (preset gptq-mix)",
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                              skip=(), budget=4.9), ACT),
+    "gptq-mix-4.9-2pass": Row("the same with every group's scale re-chosen from the first "
+                              "pass's error-fed weights, then GPTQ again",
+                              dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                   skip=(), budget=4.9), {**ACT, "static_passes": 2}),
     "gptq-mix-4.9-asym": Row("the same with asymmetric GPTQ (aimed at the float model's outputs "
                              "from its own inputs, `quantize --asymmetric`)",
                              dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
@@ -169,6 +177,10 @@ ROWS = {
     "gptq-g64-static-asym": Row("the same, asymmetric GPTQ",
                                 dict(calib="gptq", format="gptq", group_size=64, grid="mse"),
                                 {**ACT, "asymmetric": True}, runtime="torch"),
+    "gptq-g64-static-2pass": Row("the same with every group's scale re-chosen from the first "
+                                 "pass's error-fed weights, then GPTQ again (ablation)",
+                                 dict(calib="gptq", format="gptq", group_size=64, grid="mse"),
+                                 {**ACT, "static_passes": 2}, runtime="torch"),
     "gptq-g64-natural": Row("GPTQ g64 sym in the natural column order (no act-order: groups are "
                             "contiguous, no g_idx), checkpoint (ablation)",
                             dict(calib="gptq", format="gptq", group_size=64, grid="mse"),

@@ -37,7 +37,8 @@ LLAMA_BENCH_FIELDS = ("cpu_info", "backends", "model_filename", "model_type", "m
                       "model_n_params", "n_threads", "n_prompt", "n_gen", "n_depth", "test_time",
                       "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts")
 OUR_FIELDS = ("test", "attention", "ttft_ms", "peak_rss_bytes", "predicted_ts",
-              "measured_over_predicted", "target", "quant", "huge_page_malloc", "cpu_features")
+              "measured_over_predicted", "target", "quant", "huge_page_malloc", "cpu_features",
+              "runner_settings")
 
 
 # Bounds checked when a BenchSpec is made (before anything is loaded or allocated): token counts,
@@ -143,7 +144,7 @@ def run_bench(runner, manifest: dict[str, Any], spec: BenchSpec, *,
     need = max(spec.depths) + max(spec.prompts + spec.gens) + 1
     tokens = bench_tokens(runner, need)
     rows = []
-    common = common_fields(manifest, cpu_model())
+    common = common_fields(manifest, cpu_model(), runner)
     for attention in spec.attention:
         use_attention(runner, manifest, attention)
         tests = [("pp", p) for p in spec.prompts if p > 0] + [("tg", n) for n in spec.gens if n > 0]
@@ -270,7 +271,7 @@ def run_speculative_bench(runner, manifest: dict[str, Any], spec: BenchSpec, dra
 
     from .verify_speculative import first_difference, greedy_mismatch, near_tie
 
-    common = common_fields(manifest, cpu_model())
+    common = common_fields(manifest, cpu_model(), runner)
     rows = []
     for attention in spec.attention:
         use_attention(runner, manifest, attention)
@@ -324,9 +325,11 @@ def speculative_row(common: dict[str, Any], n: int, prompt_tokens: int, attentio
     return row
 
 
-def common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
+def common_fields(manifest: dict[str, Any], cpu: str, runner: Any = None) -> dict[str, Any]:
     """The fields every row of one bench shares, from the artifact's manifest; `cpu` names the
-    machine that ran it (llama-bench's cpu_info), `cpu_features` its SIMD flags."""
+    machine that ran it (llama-bench's cpu_info), `cpu_features` its SIMD flags,
+    `runner_settings` the runtime settings the runner chose ({} when it has none to report;
+    onnx: its MatMulNBits accuracy level)."""
     import torch
 
     return {"cpu_info": cpu, "backends": manifest["backend"]["name"],
@@ -335,7 +338,8 @@ def common_fields(manifest: dict[str, Any], cpu: str) -> dict[str, Any]:
             "model_n_params": manifest.get("source", {}).get("n_params"),
             "n_threads": torch.get_num_threads(), "target": manifest["target"]["id"],
             "quant": manifest["quant"]["scheme"],
-            "huge_page_malloc": huge_page_status()["on"], "cpu_features": cpu_features()}
+            "huge_page_malloc": huge_page_status()["on"], "cpu_features": cpu_features(),
+            "runner_settings": dict(getattr(runner, "settings", None) or {})}
 
 
 def host_predictor(manifest: dict[str, Any], raw_config: dict[str, Any]):

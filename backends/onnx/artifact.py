@@ -25,7 +25,7 @@ from arkinfer.lowering.tokenizer_files import copy_tokenizer_files, tokenizer_di
 from arkinfer.lowering.versions import version
 
 from . import fn_fused
-from .host_graph import DEFAULT_MAX_POSITIONS, MAX_POSITIONS_KEY
+from .host_graph import ACCURACY_LEVEL_KEY, DEFAULT_MAX_POSITIONS, MAX_POSITIONS_KEY
 from .lower_onnx import lower_to_onnx
 from .runner import ONNX_FILE
 from .weights import FolderWeights
@@ -50,6 +50,8 @@ def lower(request: LowerRequest, backend: str = "onnx") -> LowerResult:
             "arkinfer.cache_layout": "past.{i}.k/v f32 [1,Hkv,P,D]; past.{i}.fine/coarse f32 "
                                      "[1,Hkv,N,D] (InfLLM v2); outputs present.*",
             MAX_POSITIONS_KEY: str(program.meta.get("max_len", DEFAULT_MAX_POSITIONS))}
+    if "accuracy_level" in request.options:  # options.py: the host runner's default from now on
+        meta[ACCURACY_LEVEL_KEY] = str(int(request.options["accuracy_level"]))
     request.progress("lowering to ONNX")
     model, layers = lower_to_onnx(program, src, request.dtype, meta)
     request.progress("writing model.onnx + external data")

@@ -17,6 +17,8 @@ from typing import Any
 
 from arkinfer.backend import BackendBase, Capabilities, LowerRequest, LowerResult
 
+from .options import OPTIONS
+
 CAPABILITIES = Capabilities(
     # quantised linears are arkinfer.MarlinLinear / arkinfer.Int4Linear functions: 4-bit codes
     # with a g_idx input (act-order runs through the function body; MatMulNBits has no g_idx)
@@ -32,6 +34,7 @@ CAPABILITIES = Capabilities(
 class OnnxBackend(BackendBase):
     name = "onnx"
     capabilities = CAPABILITIES
+    options = OPTIONS
 
     def available(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxruntime"))
@@ -62,14 +65,12 @@ class OnnxBackend(BackendBase):
              accuracy_level: int | None = None):
         """OnnxRunner over artifact/model.onnx; ops "contrib" (MatMulNBits + fused contrib ops,
         default), "nbits" (MatMulNBits only) or "function" (every arkinfer node through its ONNX
-        body); manifest `runner.ops` / `runner.accuracy_level` override the defaults."""
-        from .runner import DEFAULT_ACCURACY_LEVEL, OnnxRunner
+        body); accuracy_level: MatMulNBits' activations (default: the level the artifact was
+        built with, `--option accuracy_level`, else 0)."""
+        from .runner import OnnxRunner
 
-        runner_cfg = (manifest or {}).get("runner") or {}
-        level = accuracy_level if accuracy_level is not None else \
-            int(runner_cfg.get("accuracy_level", DEFAULT_ACCURACY_LEVEL))
-        return OnnxRunner(artifact_dir, ops=ops or runner_cfg.get("ops", "contrib"),
-                          threads=threads, accuracy_level=level)
+        return OnnxRunner(artifact_dir, ops=ops or "contrib", threads=threads,
+                          accuracy_level=accuracy_level)
 
     def reference_weights(self, artifact_dir: str | Path) -> Path | None:
         """The `hf/` checkpoint (Marlin / GPTQ / AWQ) the ONNX graph was lowered from: the

@@ -39,6 +39,7 @@ from . import contrib, contrib_fused, contrib_pack, kv_shared
 REWRITE_FILE = "rewrite.json"
 _ENTRY_FILES = ("model.onnx", "model.onnx.data", REWRITE_FILE)
 MAX_POSITIONS_KEY = "arkinfer.max_positions"  # metadata: rows of the rope caches GQA reads
+ACCURACY_LEVEL_KEY = "arkinfer.accuracy_level"  # metadata: `--option accuracy_level` (options.py)
 DEFAULT_MAX_POSITIONS = 8192  # for a graph without that key
 _MODULES = (contrib, contrib_fused, contrib_pack, kv_shared)
 
@@ -87,6 +88,15 @@ def _external_files(path: Path) -> list[Path]:
             if entry.key == "location" and entry.value not in names:
                 names.append(entry.value)
     return [path.parent / n for n in names]
+
+
+def stored_accuracy_level(path: Path) -> int | None:
+    """The accuracy level the artifact was built with (`--option accuracy_level`), read from
+    model.onnx's metadata without its weights; None when the build did not set one."""
+    model = onnx.load(str(path), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    value = props.get(ACCURACY_LEVEL_KEY)
+    return None if value is None else int(value)
 
 
 def cache_key(path: Path, ops: str, accuracy_level: int) -> str:

@@ -32,28 +32,39 @@ from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.frontend.tokenizer import load_tokenizer
 
 from .fn_fused import ROTARY_GQA
-from .host_graph import host_graph
+from .host_graph import host_graph, stored_accuracy_level
 from .kv_shared import SharedKV
 
 ONNX_FILE = "model.onnx"
 Ops = Literal["contrib", "nbits", "function"]
 DEFAULT_ACCURACY_LEVEL = 0  # MatMulNBits' fp32 activations (README.md, "Host runner")
+INT8_FIDELITY_TOP1 = 0.95  # the gguf backend's `fidelity_top1` (llama.cpp: int8 activations)
 
 
 class OnnxRunner(StepRunner):
     def __init__(self, artifact_dir: str | Path, ops: Ops = "contrib",
                  threads: int | None = None,
-                 accuracy_level: int = DEFAULT_ACCURACY_LEVEL, cache: bool = True) -> None:
-        """accuracy_level: MatMulNBits' compute precision (ops="contrib"): 0 (default) = fp32
+                 accuracy_level: int | None = None, cache: bool = True) -> None:
+        """accuracy_level: MatMulNBits' compute precision (ops="contrib"): 0 = fp32
         activations, the reference's numbers; 4 = activations quantised to int8 per block and
-        integer dot products, as llama.cpp does on CPUs (about 2.7x faster decode on SmolLM2
-        here; benchmarks/onnx_vs_llamacpp.py). cache: keep the rewritten graph in ArkInfer's
-        cache (host_graph.py); False rewrites it in memory on every load."""
+        integer dot products, as llama.cpp does on CPUs (2.7x faster decode on SmolLM2 on an
+        AVX-512 Xeon, 2.8x on an AVX2-only Zen 3; benchmarks/onnx_vs_llamacpp.py). None: the
+        level the artifact was built with (`--option accuracy_level`), else 0. cache: keep the
+        rewritten graph in ArkInfer's cache (host_graph.py); False rewrites it in memory on
+        every load."""
         self.dir = Path(artifact_dir)
         path = self.dir / ONNX_FILE
         if not path.is_file():
             raise NotAvailableError(f"{path} does not exist",
                                     hint="build the artifact with arkinfer build --backend onnx (or tensorrt)")
+        if accuracy_level is None:
+            stored = stored_accuracy_level(path)
+            accuracy_level = DEFAULT_ACCURACY_LEVEL if stored is None else stored
+        self.accuracy_level = accuracy_level
+        # verify's runtime-fidelity gate: int8 activations flip near-tied top-1 tokens as
+        # llama.cpp's do, so they get the gguf backend's threshold
+        self.fidelity_top1 = INT8_FIDELITY_TOP1 if accuracy_level == 4 else None
+        self.settings = {"accuracy_level": accuracy_level}
         if ops not in ("contrib", "nbits", "function"):
             raise NotAvailableError(f"ops={ops!r} is not a runner mode",
                                     hint="use ops='contrib', 'nbits' or 'function'")

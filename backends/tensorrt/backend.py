@@ -34,6 +34,11 @@ class TensorRTBackend(BackendBase):
     name = "tensorrt"
 
     @property
+    def options(self):
+        """The onnx lowering's `--option`s (its host runner's accuracy level)."""
+        return onnx_backend().options
+
+    @property
     def capabilities(self) -> Capabilities:
         """The onnx lowering's: the same graph, formats and host runner; the device gates (CUDA
         capability, FP8) are the target's, checked in preflight.py."""

@@ -139,14 +139,18 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
                   static_groups: bool = False, damp: float = 0.01,
                   block_size: int = DEFAULT_BLOCK, scale_dtype: torch.dtype | None = None,
                   dtype: torch.dtype = torch.float32, grid: Grid = "minmax",
-                  name: str = "", fmt=None, refit: bool = False) -> GPTQResult:
+                  name: str = "", fmt=None, refit: bool = False,
+                  static_passes: int = 1) -> GPTQResult:
     """GPTQ of `w` [out, in] with Hessian [in, in] -> canonical weight (codes in the original
     column order). `dtype` is the working precision of the error updates (float32 as the
     reference; float64 for tests). `grid`: how each group's scale is chosen (rtn.find_params;
     `mse` weighs each column's error by the Hessian's diagonal, its input's mean square).
     `fmt`: storage format (or name) whose parameter snapping applies (module docstring), e.g.
     "gguf-q6_k"; None = none. `refit`: the scales are then refitted to the codes by least
-    squares of the same objective (quant/calib/refit.py)."""
+    squares of the same objective (quant/calib/refit.py). `static_passes` (static groups
+    only): 2 or more runs GPTQ again with every group's parameters re-chosen from the weights
+    as the previous pass's error feedback left them just before rounding, instead of from the
+    original weights."""
     if bits not in UNIFORM_BITS:
         raise QuantError(f"bits={bits} for {name or 'a layer'!r} is not supported by GPTQ; "
                          f"allowed {UNIFORM_BITS}", "pick one of the allowed bit widths")
@@ -188,16 +192,9 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
     mins = torch.zeros(out, n_groups, device=dev) \
         if fmt is not None and fmt.constraints.float_mins else None
     static = group_size == -1 or static_groups
-    if static and fmt is not None:
-        scales, zeros, m = group_params(W, bits, size, sym, scale_dtype=scale_dtype, grid=grid,
-                                        importance=diag_h, fmt=fmt)
-        if mins is not None:
-            mins = m
-    elif static:
-        for g in range(n_groups):
-            cols_g = slice(g * size, (g + 1) * size)
-            s, z = find_params(W[:, cols_g], bits, sym, scale_dtype, grid, diag_h[cols_g])
-            scales[:, g], zeros[:, g] = s[:, 0], z[:, 0]
+    if static:
+        fixed = _Params(scales, zeros, mins, size, span, fmt)
+        _static_params(fixed, W, bits, sym, scale_dtype, grid, diag_h, fmt)
 
     perm = torch.argsort(diag_h, descending=True, stable=True) if act_order else None
     if perm is not None:
@@ -210,21 +207,20 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
         U, damp_used = inverse_cholesky(H, damp, name)
     del H
 
-    codes = torch.zeros(out, cols, dtype=torch.uint8, device=dev)  # permuted column order
     diag_p = diag_h if perm is None else diag_h[perm]  # importance in the permuted order
     perm_list = perm.tolist() if perm is not None else None
     block = block_size_for(span if group_size != -1 else group_size, block_size)
     params = _Params(scales, zeros, mins, size, span, fmt)
-    loss = torch.zeros((), dtype=torch.float64, device=dev)
-    for i1 in range(0, cols, block):
-        i2 = min(i1 + block, cols)
-        with single_thread():  # the column loop is ~10 tiny ops per column: threads only wait
-            q1, err_block = _solve_block(W, U, i1, i2, params, static, perm_list,
-                                         bits, sym, scale_dtype, dtype, grid, diag_p)
-        codes[:, i1:i2] = q1.T
-        loss += (err_block.double() ** 2).sum() / 2
-        with single_thread(below=cols):  # the lazy update: out x (cols - i2) x block MACs
-            W[:, i2:] -= err_block.T @ U[i1:i2, i2:]
+    passes = max(1, static_passes) if static else 1
+    start = W.clone() if passes > 1 else W
+    for p in range(passes):
+        W = start.clone() if p < passes - 1 else start
+        fed = torch.empty_like(W) if p < passes - 1 else None
+        codes, loss = _column_loop(W, U, block, params, static, perm_list, bits, sym,
+                                   scale_dtype, dtype, grid, diag_p, fed)
+        if fed is not None:  # next pass: parameters from the error-fed weights
+            fed_natural = fed if perm is None else fed[:, torch.argsort(perm)]
+            _static_params(params, fed_natural, bits, sym, scale_dtype, grid, diag_h, fmt)
 
     g_idx = None
     if perm is not None:
@@ -299,10 +295,51 @@ class _Params:
             self.mins[:, g0:g0 + n] = m
 
 
+def _static_params(params: _Params, w: Tensor, bits: int, sym: bool,
+                   scale_dtype: torch.dtype | None, grid: Grid, importance: Tensor,
+                   fmt) -> None:
+    """Every group's parameters at once from `w` [out, cols] (natural column order), in place."""
+    if fmt is not None:
+        s, z, m = group_params(w, bits, params.size, sym, scale_dtype=scale_dtype, grid=grid,
+                               importance=importance, fmt=fmt)
+        params.scales.copy_(s)
+        params.zeros.copy_(z)
+        if params.mins is not None:
+            params.mins.copy_(m)
+        return
+    size = params.size
+    for g in range(w.shape[1] // size):
+        cols_g = slice(g * size, (g + 1) * size)
+        s, z = find_params(w[:, cols_g], bits, sym, scale_dtype, grid, importance[cols_g])
+        params.scales[:, g], params.zeros[:, g] = s[:, 0], z[:, 0]
+
+
+def _column_loop(W: Tensor, U: Tensor, block: int, params: _Params, static: bool,
+                 perm_list: list[int] | None, bits: int, sym: bool,
+                 scale_dtype: torch.dtype | None, dtype: torch.dtype, grid: Grid,
+                 importance: Tensor, fed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """GPTQ over all (permuted) columns of `W` [out, cols], updated in place: codes uint8
+    [out, cols] (permuted order) and the proxy loss. `fed` [out, cols], when given, receives
+    each column as error feedback left it just before rounding."""
+    out, cols = W.shape
+    codes = torch.zeros(out, cols, dtype=torch.uint8, device=W.device)
+    loss = torch.zeros((), dtype=torch.float64, device=W.device)
+    for i1 in range(0, cols, block):
+        i2 = min(i1 + block, cols)
+        with single_thread():  # the column loop is ~10 tiny ops per column: threads only wait
+            q1, err_block = _solve_block(W, U, i1, i2, params, static, perm_list,
+                                         bits, sym, scale_dtype, dtype, grid, importance, fed)
+        codes[:, i1:i2] = q1.T
+        loss += (err_block.double() ** 2).sum() / 2
+        with single_thread(below=cols):  # the lazy update: out x (cols - i2) x block MACs
+            W[:, i2:] -= err_block.T @ U[i1:i2, i2:]
+    return codes, loss
+
+
 def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, params: _Params, static: bool,
                  perm_list: list[int] | None, bits: int, sym: bool,
                  scale_dtype: torch.dtype | None, dtype: torch.dtype, grid: Grid,
-                 importance: Tensor) -> tuple[Tensor, Tensor]:
+                 importance: Tensor, fed: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """GPTQ's column loop over the (permuted) columns i1..i2 of `W` [out, cols]: codes uint8 and
     scaled errors `(w - q) / U[i,i]`, both [i2 - i1, out] (one row per column). The block is
     worked on transposed, so every column is a contiguous row; fills `params` for the spans
@@ -328,6 +365,8 @@ def _solve_block(W: Tensor, U: Tensor, i1: int, i2: int, params: _Params, static
                 dead = s == 0
                 s_div = torch.where(dead, 1.0, s)
         col = W1[i]
+        if fed is not None:
+            fed[:, c] = col
         if levels is not None:  # value = s * levels[q]
             q = quantize_to_levels(col, s, levels).long()
             deq = s * levels[q]
@@ -361,7 +400,9 @@ class GPTQConfig:
     output layer is quantised, "gptq" (under its inputs' H) or "rtn" (its weights alone);
     asymmetric: GPTQ aims at the float model's outputs from its own inputs rather than at the
     float weights on the quantised model's inputs (`asymmetric_target`; the calibration then
-    carries the float model's hidden states beside the quantised one's)."""
+    carries the float model's hidden states beside the quantised one's); static_passes: with
+    static groups, 2 or more re-chooses every group's parameters from the previous pass's
+    error-fed weights and runs GPTQ again (`gptq_quantize`)."""
 
     bits: int = 4
     group_size: int = 128
@@ -377,6 +418,7 @@ class GPTQConfig:
     refit: bool = False
     tail: str = "gptq"
     asymmetric: bool = False
+    static_passes: int = 1
 
 
 class GPTQCalibrator(BlockCalibrator):
@@ -408,7 +450,8 @@ class GPTQCalibrator(BlockCalibrator):
         return gptq_quantize(w, h, bits=bits, group_size=group, sym=sym,
                              act_order=c.act_order, static_groups=c.static_groups, damp=c.damp,
                              block_size=c.block_size, scale_dtype=ctx.scale_dtype, grid=c.grid,
-                             name=name, fmt=ctx.format_for(layer or name), refit=c.refit)
+                             name=name, fmt=ctx.format_for(layer or name), refit=c.refit,
+                             static_passes=c.static_passes)
 
     def _quantize_sharing(self, runner: BlockRunner, names: list[str], h: Tensor,
                           ctx: CalibContext, targets: dict[str, Tensor] | None = None

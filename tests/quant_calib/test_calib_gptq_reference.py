@@ -13,8 +13,10 @@ from arkinfer.quant.rtn import find_params, quantize_with
 
 
 def plain_gptq(w, H, bits, group_size, sym, act_order, static_groups=False, damp=0.01,
-               dtype=torch.float64):
-    """One column at a time: no blocks, no lazy updates. Returns (codes, scales, zeros, g_idx)."""
+               dtype=torch.float64, passes=1):
+    """One column at a time: no blocks, no lazy updates. Returns (codes, scales, zeros, g_idx).
+    passes > 1 (static groups): run again with every group's parameters taken from the weights
+    as the previous pass left them just before each was rounded."""
     out, cols = w.shape
     W, H = w.to(dtype).clone(), H.to(dtype).clone()
     dead = torch.diag(H) == 0
@@ -27,7 +29,7 @@ def plain_gptq(w, H, bits, group_size, sym, act_order, static_groups=False, damp
             params[g] = find_params(W[:, g * size:(g + 1) * size], bits, sym, torch.float16)
     order = torch.argsort(torch.diag(H), descending=True, stable=True) if act_order \
         else torch.arange(cols)
-    W, H = W[:, order], H[order][:, order]
+    start, H = W[:, order], H[order][:, order]
     Hd = H.clone()
     Hd += damp * torch.mean(torch.diag(H)) * torch.eye(cols, dtype=dtype)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(Hd)), upper=True)
@@ -35,9 +37,24 @@ def plain_gptq(w, H, bits, group_size, sym, act_order, static_groups=False, damp
     scales = torch.zeros(out, cols // size)
     zeros = torch.zeros(out, cols // size)
     g_idx = torch.zeros(cols, dtype=torch.int32)
+    for p in range(passes):
+        if p:  # parameters from the previous pass's error-fed weights (natural column order)
+            params = {g: find_params(fed[:, g * size:(g + 1) * size], bits, sym, torch.float16)
+                      for g in range(cols // size)}
+        W, fed = start.clone(), torch.zeros(out, cols, dtype=dtype)
+        _plain_pass(W, U, order, params, codes, scales, zeros, g_idx, fed, bits, sym, size,
+                    group_size == -1 or static_groups)
+    return codes, scales, zeros.to(torch.int32), g_idx
+
+
+def _plain_pass(W, U, order, params, codes, scales, zeros, g_idx, fed, bits, sym, size, static):
+    """One column-by-column GPTQ pass over the permuted `W`, filling codes / scales / zeros /
+    g_idx and `fed` (each column before rounding) in the original column order."""
+    dtype, cols = W.dtype, W.shape[1]
     for c in range(cols):
         k = int(order[c])
-        if group_size == -1 or static_groups:
+        fed[:, k] = W[:, c]
+        if static:
             g = k // size
             s, z = params[g]
         else:
@@ -51,7 +68,6 @@ def plain_gptq(w, H, bits, group_size, sym, act_order, static_groups=False, damp
         deq = (s[:, 0] * (q.float() - z[:, 0])).to(dtype)
         err = (W[:, c] - deq) / U[c, c]
         W[:, c:] -= err[:, None] * U[c, c:][None, :]
-    return codes, scales, zeros.to(torch.int32), g_idx
 
 
 def correlated(n_tokens: int, cols: int, seed: int, dead: int = 0) -> torch.Tensor:
@@ -95,6 +111,24 @@ def test_gptq_equals_plain_column_loop(bits, group, sym, act, static):
                           static_groups=static, scale_dtype=torch.float16)
     same = (res32.weight.codes == ref_codes).float().mean().item()
     assert same > 0.995, same
+
+
+@pytest.mark.parametrize("group,sym,act", [(32, True, True), (64, False, True), (-1, True, False)])
+def test_static_passes_equal_plain_column_loop(group, sym, act):
+    """static_passes=2: every group's parameters re-chosen from the first pass's error-fed
+    weights, then GPTQ again; the same as the column-by-column transcription doing that."""
+    gen = torch.Generator().manual_seed(7 + max(group, 0))
+    w = 0.05 * torch.randn(40, 256, generator=gen)
+    H = hessian(correlated(2048, 256, seed=11, dead=2))
+    ref = plain_gptq(w, H, 4, group, sym, act, static_groups=True, passes=2)
+    res = gptq_quantize(w, H, bits=4, group_size=group, sym=sym, act_order=act,
+                        static_groups=True, scale_dtype=torch.float16, dtype=torch.float64,
+                        static_passes=2)
+    assert torch.equal(res.weight.codes, ref[0])
+    assert torch.equal(res.weight.scales, ref[1])
+    assert torch.equal(res.weight.zeros, ref[2])
+    one = plain_gptq(w, H, 4, group, sym, act, static_groups=True)
+    assert not torch.equal(one[1], ref[1])  # the second pass did change the scales
 
 
 def snr_db(w, w_hat, x):
