@@ -170,15 +170,16 @@ ROWS = {
     "gptq-g64-refit": Row("the same with its scales refitted to the codes (--refit; ablation)",
                           dict(calib="gptq", format="gptq", group_size=64, grid="mse",
                                desc_act=True), {"refit": True}, runtime="torch"),
-    "gptq-g64-static": Row("GPTQ g64 sym, act-order over static groups, checkpoint (gptq layout, "
-                           "no g_idx; preset gptq --act-order --static-groups)",
+    "gptq-g64-static": Row("GPTQ g64 sym, act-order over static groups, one pass, checkpoint "
+                           "(gptq layout, no g_idx; --static-passes 1)",
                            dict(calib="gptq", format="gptq", group_size=64, grid="mse"), ACT,
                            runtime="torch"),
     "gptq-g64-static-asym": Row("the same, asymmetric GPTQ",
                                 dict(calib="gptq", format="gptq", group_size=64, grid="mse"),
                                 {**ACT, "asymmetric": True}, runtime="torch"),
     "gptq-g64-static-2pass": Row("the same with every group's scale re-chosen from the first "
-                                 "pass's error-fed weights, then GPTQ again (ablation)",
+                                 "pass's error-fed weights, then GPTQ again (what build --quant "
+                                 "gptq / marlin runs)",
                                  dict(calib="gptq", format="gptq", group_size=64, grid="mse"),
                                  {**ACT, "static_passes": 2}, runtime="torch"),
     "gptq-g64-natural": Row("GPTQ g64 sym in the natural column order (no act-order: groups are "

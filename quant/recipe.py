@@ -172,6 +172,19 @@ PRESETS: dict[str, QuantRecipe] = {
 }
 
 
+# GPTQ passes over static groups per storage format (docs/quant.md §2, "Static passes"): the
+# checkpoint layouts (one uniform grid, group 64-128) take a second pass with every group's scale
+# re-chosen from the first pass's error-fed weights: KL -4 to -5 % on all four development texts
+# for SmolLM2's gptq g64, and held out below llama.cpp's Q4_0 on every text (BENCHMARKS.md). The
+# GGUF block formats (group 32: GPTQ IQ4_NL, the 4.9-bit mix) moved -6 to +2 %: one pass.
+CHECKPOINT_STATIC_PASSES = {"gptq": 2, "marlin": 2}
+
+
+def static_passes_for(format_name: str) -> int:
+    """GPTQ passes over static groups for the recipe's storage format (1 unless listed)."""
+    return CHECKPOINT_STATIC_PASSES.get(format_name, 1)
+
+
 def get_preset(name: str, **overrides: object) -> QuantRecipe:
     """The named preset, optionally with fields replaced (re-validated)."""
     if name not in PRESETS:

@@ -186,18 +186,30 @@ def command(
         "docs/quant.md §2). Carries the float model's hidden states beside the quantised one's: "
         "twice the calibration activations' memory and ~1.7x the calibration time. Not with "
         "P-GPTQ. E.g. --preset gptq-iq4_nl --asymmetric")] = False,
+    static_passes: Annotated[int | None, typer.Option(
+        "--static-passes", min=1, max=8,
+        help="GPTQ with --static-groups: 2 or more re-chooses every group's scale from the "
+        "weights as the previous pass's error feedback left them, then runs GPTQ again "
+        "(docs/quant.md §2); each pass costs one more GPTQ solve per linear. Default: what "
+        "build uses for the format (2 for gptq and marlin, 1 for the GGUF formats).")] = None,
     device: DeviceOpt = "auto",
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    from arkinfer.frontend.checkpoint import open_checkpoint
     from arkinfer.disk_space import check_free_disk
+    from arkinfer.errors import ArkError
+    from arkinfer.frontend.checkpoint import open_checkpoint
     from arkinfer.pipeline.disk_space import build_disk_bytes
     from arkinfer.quant.calib.device import resolve_device
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib.weight_only import is_weight_only, quantize_weight_only
     from arkinfer.quant.calib_data import calibration_of, check_calibration_size
-    from arkinfer.quant.export import SUMMARY_NAME, check_quantised_output, export_folder
+    from arkinfer.quant.export import (
+        SUMMARY_NAME,
+        check_quantised_output,
+        export_folder,
+    )
+    from arkinfer.quant.recipe import static_passes_for
     from arkinfer.resolve import fit_recipe
 
     # act-order over static groups leaves g_idx static: the recipe (format check) has no desc_act
@@ -217,6 +229,12 @@ def command(
     options: dict = {"damp": damp} if damp is not None else {}
     if static_groups:
         options.update(static_groups=True, act_order=act_order)
+    if static_passes is not None and not static_groups:
+        raise ArkError(f"--static-passes {static_passes} needs --static-groups (the passes "
+                       "re-choose the static groups' scales)",
+                       hint="add --static-groups, or drop --static-passes")
+    if static_groups:  # default: build's choice for this storage format
+        options["static_passes"] = static_passes or static_passes_for(recipe.format)
     if refit is not None:
         options["refit"] = refit
     if asymmetric:

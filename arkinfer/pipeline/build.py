@@ -28,9 +28,13 @@ from typing import Any
 from arkinfer import __version__
 from arkinfer.backend import LowerRequest, get_backend
 from arkinfer.errors import ArkError
+from arkinfer.output_folder import (
+    make_staging,
+    remove_leftovers,
+    remove_work_folder,
+    replace_folder,
+)
 from arkinfer.targets.machine import machine_info
-from arkinfer.output_folder import (make_staging, remove_leftovers, remove_work_folder,
-                                    replace_folder)
 
 from . import manifest as mf
 from .draft_artifact import DRAFT_DIR, artifact_draft, write_draft
@@ -248,6 +252,7 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
     from arkinfer.quant.calib.weight_only import quantize_weight_only
     from arkinfer.quant.calib_data import calibration_of
     from arkinfer.quant.export import SUMMARY_NAME, export_folder
+    from arkinfer.quant.recipe import static_passes_for
 
     c = plan.calib
     if c.needed(plan.recipe):
@@ -260,7 +265,8 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
         # development texts over the natural column order (KL 0.16-0.31 against 0.22-0.37 for
         # the gptq layout at group 64; BENCHMARKS.md, "Quantisation quality").
         static = plan.recipe.calib in ("gptq", "pgptq") and not plan.recipe.desc_act
-        options = {"act_order": True, "static_groups": True} if static else None
+        options = {"act_order": True, "static_groups": True,
+                   "static_passes": static_passes_for(plan.recipe.format)} if static else None
         run = calibrate(ckpt, plan.recipe, data, work / "calib", options=options,
                         progress=rep.blocks, device=c.device)
     else:  # RTN / ternary: tensor by tensor from the weights, no activations

@@ -434,6 +434,8 @@ class GPTQCalibrator(BlockCalibrator):
         c = self.config
         text = (f"{self.name} {c.bits}-bit g{c.group_size} {'sym' if c.sym else 'asym'}"
                 f"{' act-order' if c.act_order else ''}{' static-groups' if c.static_groups else ''}")
+        if c.static_groups and c.static_passes > 1:
+            text += f" {c.static_passes}-pass"
         if c.asymmetric:
             text += " asymmetric"
         if not c.prefix_skip:

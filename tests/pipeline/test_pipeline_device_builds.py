@@ -33,6 +33,9 @@ def test_jetson_orin_marlin_artifact_verifies_in_onnxruntime(tmp_path):
     assert fid["max_abs_logit_diff"] < 1e-2
     qcfg = json.loads((tmp_path / "a" / "hf" / "config.json").read_text())["quantization_config"]
     assert qcfg["quant_method"] == "gptq" and qcfg["checkpoint_format"] == "marlin"
+    # the checkpoint layouts take GPTQ's second pass over static groups (quant/recipe.py)
+    assert all(r["recipe"].endswith("static-groups 2-pass")
+               for r in m["quant"]["layers"].values() if r["status"] == "quantised")
 
 
 @pytest.mark.llamacpp

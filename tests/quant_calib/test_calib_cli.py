@@ -123,3 +123,24 @@ def test_asymmetric_gptq_from_the_cli(app, model_with_tokenizer, tmp_path):
     code, out = invoke(app, model_with_tokenizer, "--method", "awq", "--asymmetric",
                        "-o", tmp_path / "b")
     assert code != 0 and "asymmetric" in out and "awq" in out, out
+
+
+def test_static_passes_from_the_cli(app, model_with_tokenizer, tmp_path):
+    """--static-passes 2 (with --static-groups): the recipe line says so and the scales differ
+    from one pass's; without --static-groups it is refused, naming both options."""
+    from arkinfer.quant.load import dequantized_state
+
+    args = ["--method", "gptq", "--group-size", "32", "--format", "gguf-q4_0", "--samples", "4",
+            "--seq-len", "32", "--no-kl", "--act-order", "--static-groups"]
+    assert invoke(app, model_with_tokenizer, *args, "-o", tmp_path / "a")[0] == 0
+    code, out = invoke(app, model_with_tokenizer, *args, "--static-passes", "2",
+                       "-o", tmp_path / "b")
+    assert code == 0, out
+    summary = json.loads((tmp_path / "b" / "quant_summary.json").read_text())
+    assert "2-pass" in summary["blocks"][0]["linears"][0]["recipe"]
+    one, two = dequantized_state(tmp_path / "a"), dequantized_state(tmp_path / "b")
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert not (one[name] == two[name]).all()
+    code, out = invoke(app, model_with_tokenizer, "--method", "gptq", "--static-passes", "2",
+                       "-o", tmp_path / "c")
+    assert code != 0 and "--static-passes" in out and "--static-groups" in out, out

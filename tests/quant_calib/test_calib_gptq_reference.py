@@ -37,6 +37,7 @@ def plain_gptq(w, H, bits, group_size, sym, act_order, static_groups=False, damp
     scales = torch.zeros(out, cols // size)
     zeros = torch.zeros(out, cols // size)
     g_idx = torch.zeros(cols, dtype=torch.int32)
+    fed = None
     for p in range(passes):
         if p:  # parameters from the previous pass's error-fed weights (natural column order)
             params = {g: find_params(fed[:, g * size:(g + 1) * size], bits, sym, torch.float16)

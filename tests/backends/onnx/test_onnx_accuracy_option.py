@@ -23,11 +23,12 @@ BACKEND = get_backend("onnx")
 @pytest.fixture(scope="module")
 def int4_pair(tmp_path_factory) -> tuple[Path, Path]:
     """The same tiny 4-bit Llama lowered twice: without options and with accuracy_level=4."""
-    from arkinfer.models.configs import tiny_config
     from arkinfer.quant import QuantRecipe
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib_data import calibration_from_ids
     from arkinfer.quant.export import export_folder
+
+    from arkinfer.models.configs import tiny_config
     from arkinfer.testing.synthetic import write_checkpoint
 
     root = tmp_path_factory.mktemp("onnx-accuracy")
