@@ -16,6 +16,7 @@ from arkinfer.pipeline.artifact import load_runner
 from arkinfer.pipeline.build import build
 from arkinfer.pipeline.draft_artifact import artifact_draft
 from arkinfer.pipeline.plan import resolve_plan
+from arkinfer.pipeline.verify_speculative import first_difference, greedy_mismatch, near_tie
 from arkinfer.speculative import SpecStats, plain_generate, speculative_generate
 
 DRAFT_VOCAB = 640  # 31 % of the demo's 2048 tokens: FR-Spec's range
@@ -51,8 +52,12 @@ def test_the_carried_draft_keeps_greedy_output(eagle_artifact):
     prompt = target.tokenize("Question: Why do we bake bread? Answer:")
     plain = list(plain_generate(target, prompt, 32))
     stats = SpecStats()
-    assert list(speculative_generate(target, draft, prompt, 32, k=4, stats=stats)) == plain
+    spec = list(speculative_generate(target, draft, prompt, 32, k=4, stats=stats))
     assert stats.accepted > 0
+    at = first_difference(plain, spec)
+    if at is not None:  # only a near tie llama.cpp's batched and single-token kernels decide
+        # differently (verify's rule: the margin within the two scorings' difference) may differ
+        assert near_tie(target, prompt, plain, spec, at) is not None, greedy_mismatch(plain, spec)
 
 
 def test_reduced_vocabulary_proposes_only_kept_tokens(eagle_artifact):
