@@ -16,7 +16,11 @@ from arkinfer.pipeline.artifact import load_runner
 from arkinfer.pipeline.build import build
 from arkinfer.pipeline.draft_artifact import artifact_draft
 from arkinfer.pipeline.plan import resolve_plan
-from arkinfer.pipeline.verify_speculative import first_difference, greedy_mismatch, near_tie
+from arkinfer.pipeline.verify_speculative import (
+    first_difference,
+    greedy_mismatch,
+    near_tie,
+)
 from arkinfer.speculative import SpecStats, plain_generate, speculative_generate
 
 DRAFT_VOCAB = 640  # 31 % of the demo's 2048 tokens: FR-Spec's range
