@@ -100,10 +100,14 @@ def kernel_scores(q: np.ndarray, keys: Keys, pos: np.ndarray, config: SparseConf
     qg = (np.float32(scale) * q).reshape(b, hkv, hq // hkv * c, d)           # group-major rows
     fine_end = config.kernel_stride * np.arange(n1) + config.kernel_size - 1
     coarse_end = config.coarse_kernel_stride * np.arange(n2) + config.coarse_kernel_size - 1
-    coarse = (qg @ keys.coarse.swapaxes(-1, -2)).reshape(b, hkv, -1, c, n2)
+    # np.einsum's own loops (optimize=False), not BLAS: every score sums its D products in one
+    # order, so equal keys give equal scores wherever they sit (a BLAS kernel's edge tiles round
+    # differently on some CPUs, AVX2 OpenBLAS among them, which breaks exact ties: §9)
+    coarse = np.einsum("bhrd,bhnd->bhrn", qg, keys.coarse, optimize=False
+                       ).reshape(b, hkv, -1, c, n2)
     coarse = np.where(coarse_end[None, :] <= pos[:, None], coarse, np.float32(-np.inf))
     lse = _logsumexp(coarse)                                                  # [B,Hkv,G,C]
-    fine = (qg @ keys.fine.swapaxes(-1, -2)).reshape(b, hkv, -1, c, n1)
+    fine = np.einsum("bhrd,bhnd->bhrn", qg, keys.fine, optimize=False).reshape(b, hkv, -1, c, n1)
     p = np.exp(fine - lse[..., None])
     p = np.where(fine_end[None, :] <= pos[:, None], p, np.float32(0))
     return np.nan_to_num(p, nan=0.0, posinf=np.inf).sum(2, dtype=np.float32)
