@@ -192,9 +192,9 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
     mins = torch.zeros(out, n_groups, device=dev) \
         if fmt is not None and fmt.constraints.float_mins else None
     static = group_size == -1 or static_groups
+    params = _Params(scales, zeros, mins, size, span, fmt)
     if static:
-        fixed = _Params(scales, zeros, mins, size, span, fmt)
-        _static_params(fixed, W, bits, sym, scale_dtype, grid, diag_h, fmt)
+        _static_params(params, W, bits, sym, scale_dtype, grid, diag_h, fmt)
 
     perm = torch.argsort(diag_h, descending=True, stable=True) if act_order else None
     if perm is not None:
@@ -210,7 +210,6 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, *, bits: int = 4,
     diag_p = diag_h if perm is None else diag_h[perm]  # importance in the permuted order
     perm_list = perm.tolist() if perm is not None else None
     block = block_size_for(span if group_size != -1 else group_size, block_size)
-    params = _Params(scales, zeros, mins, size, span, fmt)
     passes = max(1, static_passes) if static else 1
     start = W.clone() if passes > 1 else W
     for p in range(passes):
