@@ -64,6 +64,8 @@ class Row:
     sensitivity: str | None = None  # quant.mix.SENSITIVITY for this row (None: the default)
     fisher_windows: int | None = None  # quant.mix.FISHER_WINDOWS for this row (None: default)
     input_floor: float | None = None  # quant.mix.INPUT_FLOOR for this row (None: the default)
+    candidates: tuple[str, ...] | None = None  # quant.mix.CANDIDATES for this row (None: default)
+    domain_power: float | None = None  # quant.mix.DOMAIN_POWER for this row (None: the default)
 
 
 ACT = {"act_order": True, "static_groups": True}  # act-order with group scales fixed first
@@ -106,6 +108,21 @@ ROWS = {
                         "(Kronecker-factored Fisher, GPTQ's errors), <= 4.9 bits (preset gptq-mix)",
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                              skip=(), budget=4.9), ACT),
+    "gptq-mix-4.9-q1": Row("the same with Q4_1 and Q5_1 (asymmetric blocks, 5.0 and 6.0 bits) "
+                           "among the formats",
+                           dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                skip=(), budget=4.9), ACT,
+                           candidates=("gguf-q4_0", "gguf-iq4_nl", "gguf-q4_k", "gguf-q4_1",
+                                       "gguf-q5_0", "gguf-q5_k", "gguf-q5_1", "gguf-q6_k",
+                                       "gguf-q8_0")),
+    "gptq-mix-4.9-bal2": Row("the same with the bits balanced over the calibration domains "
+                             "(minimise the sum of each domain's predicted KL squared)",
+                             dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                  skip=(), budget=4.9), ACT, domain_power=2.0),
+    "gptq-mix-4.9-bal4": Row("the same with the fourth power (the worst-served domains weigh "
+                             "more)",
+                             dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                  skip=(), budget=4.9), ACT, domain_power=4.0),
     "gptq-mix-4.9-2pass": Row("the same with every group's scale re-chosen from the first "
                               "pass's error-fed weights, then GPTQ again",
                               dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
@@ -219,8 +236,9 @@ def float_gguf(hf: Path) -> Path:
 
 
 def lower(model_dir: Path, hf: Path, recipe, dtype: str, name: str, **options) -> Path:
-    from arkinfer.backend import LowerRequest
     from arkinfer.backends.gguf.backend import BACKEND
+
+    from arkinfer.backend import LowerRequest
 
     out = WORK / f"gguf-{name}"
     if not (out / "model.gguf").is_file():
@@ -256,15 +274,17 @@ def quantised_folder(name: str, row: Row, hf: Path, samples: int, seq_len: int) 
         sensitivity, fisher_windows = mix.SENSITIVITY, mix.FISHER_WINDOWS
         mix.SENSITIVITY = row.sensitivity or sensitivity
         mix.FISHER_WINDOWS = row.fisher_windows or fisher_windows
-        input_floor = mix.INPUT_FLOOR
+        input_floor, candidates, power = mix.INPUT_FLOOR, mix.CANDIDATES, mix.DOMAIN_POWER
         mix.INPUT_FLOOR = input_floor if row.input_floor is None else row.input_floor
+        mix.CANDIDATES = row.candidates or candidates
+        mix.DOMAIN_POWER = power if row.domain_power is None else row.domain_power
         try:
             run = calibrate(ckpt, recipe, data, work, options=row.options,
                             progress=lambda i, n, s: print(f"   {name}: block {i + 1}/{n} "
                                                            f"{s:.1f} s", flush=True))
         finally:
             mix.FLOOR, mix.SENSITIVITY, mix.FISHER_WINDOWS = floor, sensitivity, fisher_windows
-            mix.INPUT_FLOOR = input_floor
+            mix.INPUT_FLOOR, mix.CANDIDATES, mix.DOMAIN_POWER = input_floor, candidates, power
     return export_folder(run, out, force=True)
 
 

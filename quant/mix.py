@@ -116,22 +116,30 @@ class KroneckerFactors:
     token: unlike the diagonal it counts how input channels move together (outlier and
     correlated channels), which is what GPTQ's error feedback exploits.
     `embedding [V, D]`: the diagonal Fisher of the token embedding's *input* role when it is tied
-    to the output layer (its output role is `G, H` of `lm_head`)."""
+    to the output layer (its output role is `G, H` of `lm_head`).
+    `g_domains` {name: [C, out]}: `G` of each calibration domain alone (window i is domain
+    i mod C, as quant/calib_data.py deals them), for `allocate`'s balanced objective; H and the
+    embedding term are shared by the domains."""
 
     g: dict[str, Tensor]
     h: dict[str, Tensor]
     embedding: Tensor | None = None
+    g_domains: dict[str, Tensor] | None = None
 
 
 def kronecker_factors(model: torch.nn.Module, windows: Tensor, *, seed: int = 0,
-                      progress: ProgressFn | None = None) -> KroneckerFactors:
+                      progress: ProgressFn | None = None, domains: int = 1) -> KroneckerFactors:
     """`KroneckerFactors` of every decoder linear and the output layer from `windows` [N, T]
-    (one forward + backward each, labels sampled from the model as in `fisher_diagonal`)."""
+    (one forward + backward each, labels sampled from the model as in `fisher_diagonal`);
+    `domains` > 1 also keeps each domain's G (window i from domain i mod `domains`)."""
     modules = {name: m for name, m in model.named_modules()
                if name.startswith("model.layers.") and isinstance(m, torch.nn.Linear)}
     modules[OUTPUT] = model.lm_head
     tied = model.lm_head.weight is model.model.embed_tokens.weight
-    g = {n: torch.zeros(m.out_features, dtype=torch.float64) for n, m in modules.items()}
+    domains = max(1, min(domains, windows.shape[0]))
+    g = {n: torch.zeros(domains, m.out_features, dtype=torch.float64)
+         for n, m in modules.items()}
+    current = [0]  # the domain of the window being run
     h = {n: torch.zeros(m.in_features, m.in_features, dtype=torch.float64)
          for n, m in modules.items()}
     emb = torch.zeros_like(model.lm_head.weight, dtype=torch.float32) if tied else None
@@ -148,7 +156,8 @@ def kronecker_factors(model: torch.nn.Module, windows: Tensor, *, seed: int = 0,
             h[name] += last[1]
 
             def grad_hook(grad):  # returns None: the gradient flows on unchanged
-                g[name] += grad.detach().reshape(-1, module.out_features).double().pow(2).sum(0)
+                g[name][current[0]] += grad.detach().reshape(-1, module.out_features).double() \
+                    .pow(2).sum(0)
             output.register_hook(grad_hook)
         return hook
 
@@ -166,38 +175,45 @@ def kronecker_factors(model: torch.nn.Module, windows: Tensor, *, seed: int = 0,
         handles.append(model.model.embed_tokens.register_forward_hook(on_embedding))
     embedding = model.model.embed_tokens.weight  # gradients flow from the input on
     try:
-        for loss in _sampled_label_losses(model, windows, [embedding], seed, progress):
+        for i, loss in enumerate(_sampled_label_losses(model, windows, [embedding], seed,
+                                                        progress)):
+            current[0] = i % domains  # backward runs the grad hooks of window i
             torch.autograd.grad(loss, [embedding])
             last[:] = [None, None]
     finally:
         for handle in handles:
             handle.remove()
     tokens = windows.numel()
-    return KroneckerFactors({k: (v / tokens).float() for k, v in g.items()},
+    per_domain = torch.tensor([len(range(d, windows.shape[0], domains)) * windows.shape[1]
+                               for d in range(domains)], dtype=torch.float64)[:, None]
+    return KroneckerFactors({k: (v.sum(0) / tokens).float() for k, v in g.items()},
                             {k: (v / tokens).float() for k, v in h.items()},
-                            None if emb is None else emb / tokens)
+                            None if emb is None else emb / tokens,
+                            {k: (v / per_domain).float() for k, v in g.items()}
+                            if domains > 1 else None)
 
 
-def _kfac_cost(factors: KroneckerFactors, name: str, rows: Tensor | None, d: Tensor) -> float:
+def _kfac_cost(factors: KroneckerFactors, name: str, rows: Tensor | None,
+               d: Tensor) -> tuple[float, ...]:
     """1/2 sum_i G_i d_i H d_i^T (+ the tied embedding's diagonal term) over the rows `rows` of
     tensor `name` (all rows when None) with the error `d` of those rows; G floored as the
-    diagonal Fisher is (FLOOR)."""
-    gi = factors.g[name]
-    gi = gi + FLOOR * gi.mean()
+    diagonal Fisher is (FLOOR). One cost per domain of `factors.g_domains` (else one)."""
+    gs = factors.g_domains[name] if factors.g_domains is not None else factors.g[name][None]
+    gs = gs + FLOOR * gs.mean(1, keepdim=True)
     if rows is not None:
-        gi = gi[rows]
+        gs = gs[:, rows]
     h = factors.h[name].double()
     quad = ((d.double() @ h) * d.double()).sum(1)
     if INPUT_FLOOR:  # H + INPUT_FLOOR x mean(diag H) x I: input directions calibration lacks
         quad = quad + INPUT_FLOOR * float(torch.diagonal(h).mean()) * (d.double() ** 2).sum(1)
-    cost = 0.5 * float((gi.double() * quad).sum())
+    costs = 0.5 * (gs.double() * quad).sum(1)
     if name == OUTPUT and factors.embedding is not None:
         f = factors.embedding
         f = f + FLOOR * f.mean()
         if rows is not None:
             f = f[rows]
-        cost += 0.5 * float((f * d ** 2).sum(dtype=torch.float64))
-    return cost
+        costs = costs + 0.5 * float((f * d ** 2).sum(dtype=torch.float64))
+    return tuple(float(c) for c in costs)
 
 
 @dataclass(frozen=True)
@@ -208,6 +224,7 @@ class Option:
     format: str
     bits: float
     kl: float
+    domains: tuple[float, ...] = ()  # the KL on each calibration domain (kl: their mean)
 
 
 @dataclass
@@ -225,10 +242,10 @@ COST_ROWS = 512
 
 
 def _format_shape(format_name: str) -> tuple[int, int, bool]:
-    """(bits, group size, sym) a candidate format is used with: its first bits and group size,
-    symmetric when it allows it."""
+    """(bits, group size, sym) a candidate format is used with: its first bits, group size and
+    symmetry (as `QuantRecipe.for_layer` quantises an override: Q4_1 / Q5_1 asymmetric)."""
     c = get_format(format_name).constraints
-    return c.bits[0], (c.group_sizes or (32,))[0], True in c.sym
+    return c.bits[0], (c.group_sizes or (32,))[0], c.sym[0]
 
 
 def _rtn_dequant(w: Tensor, format_name: str, hessian: Tensor | None = None) -> Tensor | None:
@@ -304,11 +321,13 @@ def format_costs(model: torch.nn.Module, fisher: dict[str, Tensor] | KroneckerFa
             if deq is None:
                 continue
             if isinstance(fisher, KroneckerFactors):
-                kl = _kfac_cost(fisher, name, pick, w - deq)
+                per_domain = _kfac_cost(fisher, name, pick, w - deq)
             else:
-                kl = 0.5 * float((f * (w - deq) ** 2).sum(dtype=torch.float64))
-            kl *= rows / w.shape[0]
-            cost.options.append(Option(fmt, stored_bits(fmt, tuple(p.shape)), kl))
+                per_domain = (0.5 * float((f * (w - deq) ** 2).sum(dtype=torch.float64)),)
+            per_domain = tuple(c * rows / w.shape[0] for c in per_domain)
+            cost.options.append(Option(fmt, stored_bits(fmt, tuple(p.shape)),
+                                       sum(per_domain) / len(per_domain),
+                                       per_domain if len(per_domain) > 1 else ()))
         if not cost.options:
             raise QuantError(f"{name} {tuple(w.shape)} fits none of the formats {names}",
                              "add a format with 32-wide blocks (gguf-q8_0)")
@@ -336,6 +355,7 @@ class MixPlan:
     bits_per_weight: float
     predicted_kl: float
     budget: float
+    domain_kl: tuple[float, ...] = ()  # the predicted KL per calibration domain (balanced only)
 
     def layers(self, base_format: str) -> tuple[tuple[str, str], ...]:
         """`QuantRecipe.layers` overrides for every tensor not in `base_format` (exact names)."""
@@ -366,18 +386,34 @@ def _hull(options: list[Option]) -> list[Option]:
     return pts
 
 
-def allocate(costs: list[TensorCost], budget: float) -> MixPlan:
-    """Greedy marginal-gain allocation under `budget` mean bits per weight (module docstring,
-    step 3). QuantError when even the cheapest options exceed the budget."""
-    hulls = {c.name: _hull(c.options) for c in costs}
-    level = {c.name: 0 for c in costs}
-    weights = {c.name: c.weights for c in costs}
-    total = sum(weights.values())
-    used = sum(hulls[n][0].bits * weights[n] for n in hulls)
+#: The allocation's objective over the calibration domains: minimise sum_c KL_c ** DOMAIN_POWER
+#: (KL_c: the predicted KL on domain c). 1: their total, every token alike (one domain's worth of
+#: G is enough); above 1 the domains the mix serves worst weigh more.
+DOMAIN_POWER = 1.0
+
+
+def _check_budget(costs: list[TensorCost], cheapest: dict[str, Option], budget: float):
+    """(bits used by the cheapest options, total weights); QuantError when over `budget`."""
+    total = sum(c.weights for c in costs)
+    used = sum(cheapest[c.name].bits * c.weights for c in costs)
     if used > budget * total + 1e-9:
         raise QuantError(f"a budget of {budget} bits per weight is below the cheapest storage "
                          f"({used / total:.3f} bits per weight)",
                          f"use a budget of at least {math.ceil(used / total * 100) / 100}")
+    return used, total
+
+
+def allocate(costs: list[TensorCost], budget: float, power: float | None = None) -> MixPlan:
+    """Greedy marginal-gain allocation under `budget` mean bits per weight (module docstring,
+    step 3). QuantError when even the cheapest options exceed the budget. `power` (default
+    DOMAIN_POWER) above 1 with per-domain costs: `_allocate_balanced`."""
+    power = DOMAIN_POWER if power is None else power
+    if power != 1 and all(o.domains for c in costs for o in c.options):
+        return _allocate_balanced(costs, budget, power)
+    hulls = {c.name: _hull(c.options) for c in costs}
+    level = {c.name: 0 for c in costs}
+    weights = {c.name: c.weights for c in costs}
+    used, total = _check_budget(costs, {n: h[0] for n, h in hulls.items()}, budget)
     while True:
         best, best_gain = None, 0.0
         for name, hull in hulls.items():
@@ -400,6 +436,48 @@ def allocate(costs: list[TensorCost], budget: float) -> MixPlan:
     return MixPlan(formats, round(used / total, 4), kl, budget)
 
 
+def _allocate_balanced(costs: list[TensorCost], budget: float, power: float) -> MixPlan:
+    """Greedy allocation minimising sum_c KL_c ** power over the domains: each step takes the
+    upgrade (any option with more bits, not only the next) with the largest gradient-weighted
+    KL reduction per added bit, the weights power x KL_c ** (power - 1) recomputed after every
+    step, so the worst-served domains pull the bits. Options of equal bits: the lowest mean KL."""
+    import numpy as np
+
+    choices = {}
+    for c in costs:
+        kept: list[Option] = []
+        for o in c.options:  # sorted by (bits, kl): the first of equal bits has the lowest KL
+            if not kept or o.bits > kept[-1].bits:
+                kept.append(o)
+        choices[c.name] = (c.weights, kept, np.array([o.domains for o in kept]))
+    level = {name: 0 for name in choices}
+    used, total = _check_budget(costs, {n: ch[1][0] for n, ch in choices.items()}, budget)
+    totals = sum(ch[2][0] for ch in choices.values())
+    while True:
+        grad = power * totals ** (power - 1)
+        best, best_gain = None, 0.0
+        for name, (count, opts, dom) in choices.items():
+            i = level[name]
+            extra = np.array([o.bits - opts[i].bits for o in opts[i + 1:]]) * count
+            if not len(extra):
+                continue
+            gains = ((dom[i] - dom[i + 1:]) @ grad) / extra
+            gains[used + extra > budget * total + 1e-9] = 0.0
+            j = int(np.argmax(gains))
+            if gains[j] > best_gain:
+                best, best_gain = (name, i + 1 + j), float(gains[j])
+        if best is None:
+            break
+        name, j = best
+        count, opts, dom = choices[name]
+        used += (opts[j].bits - opts[level[name]].bits) * count
+        totals = totals + dom[j] - dom[level[name]]
+        level[name] = j
+    formats = {n: ch[1][level[n]].format for n, ch in choices.items()}
+    return MixPlan(formats, round(used / total, 4), float(totals.mean()), budget,
+                   tuple(round(float(t), 5) for t in totals))
+
+
 #: How a tensor's sensitivity is measured: "diagonal" (`fisher_diagonal`, RTN errors), "kfac"
 #: (`kronecker_factors`: input channels' correlations counted, RTN errors) or "kfac-gptq" (the
 #: same factors, each format's error GPTQ's under the float model's H, as the recipe quantises).
@@ -411,14 +489,20 @@ SENSITIVITY = "kfac-gptq"
 
 def plan_mix(model: torch.nn.Module, windows: Tensor, budget: float, *,
              candidates: Iterable[str] = CANDIDATES, seed: int = 0,
-             log: Callable[[str], None] | None = None) -> MixPlan:
-    """Fisher diagonal on `windows`, format costs, allocation under `budget` (all three steps)."""
+             log: Callable[[str], None] | None = None, domains: int = 1) -> MixPlan:
+    """Fisher diagonal on `windows`, format costs, allocation under `budget` (all three steps);
+    `domains`: how many calibration domains the windows deal in turn (DOMAIN_POWER's objective
+    needs them; the Kronecker-factored sensitivity only)."""
     t0 = time.perf_counter()
     if SENSITIVITY not in SENSITIVITIES:
         raise QuantError(f"unknown sensitivity {SENSITIVITY!r}", f"use one of {SENSITIVITIES}")
     kfac = SENSITIVITY.startswith("kfac")
     kind = "Kronecker-factored Fisher" if kfac else "Fisher diagonal"
-    fisher = (kronecker_factors if kfac else fisher_diagonal)(model, windows, seed=seed)
+    if kfac:
+        fisher = kronecker_factors(model, windows, seed=seed,
+                                   domains=domains if DOMAIN_POWER != 1 else 1)
+    else:
+        fisher = fisher_diagonal(model, windows, seed=seed)
     if log:
         log(f"sensitivity ({kind}, {windows.shape[0]} windows of {windows.shape[1]} "
             f"tokens): {time.perf_counter() - t0:.1f} s")
@@ -429,6 +513,8 @@ def plan_mix(model: torch.nn.Module, windows: Tensor, budget: float, *,
         log(f"allocation: {plan.bits_per_weight:.3f} bits per weight (budget {budget}), "
             f"predicted KL {plan.predicted_kl:.4f}; " +
             ", ".join(f"{k} x{v}" for k, v in plan.counts().items()))
+        if plan.domain_kl:
+            log(f"predicted KL per calibration domain: {list(plan.domain_kl)}")
     return plan
 
 
@@ -438,7 +524,7 @@ FISHER_TOKENS = 512
 
 
 def resolve_budget(recipe, ckpt, calib_ids: Tensor,
-                   log: Callable[[str], None] | None = None):
+                   log: Callable[[str], None] | None = None, domains: int = 1):
     """`recipe` with `layers` chosen under `recipe.budget` (unchanged without a budget or when it
     already has layers): the float model of `ckpt` is loaded, its sensitivity measured on the
     first FISHER_WINDOWS calibration windows (FISHER_TOKENS tokens each; they span every domain,
@@ -456,6 +542,7 @@ def resolve_budget(recipe, ckpt, calib_ids: Tensor,
     windows = calib_ids[:FISHER_WINDOWS, :FISHER_TOKENS]
     model = load_model(ckpt)
     candidates = CANDIDATES[CANDIDATES.index(recipe.format):]
-    plan = plan_mix(model, windows, recipe.budget, candidates=candidates, log=log)
+    plan = plan_mix(model, windows, recipe.budget, candidates=candidates, log=log,
+                    domains=domains)
     del model
     return replace(recipe, skip=(), layers=plan.layers(recipe.format))

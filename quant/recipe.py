@@ -114,7 +114,10 @@ class QuantRecipe:
         c = get_format(format_name).constraints
         group = self.group_size if c.group_sizes is None or self.group_size in c.group_sizes \
             else c.group_sizes[0]
-        sym = self.sym if self.sym in c.sym else c.sym[0]
+        # an override takes its format's own symmetry (the first it lists: Q4_1 / Q5_1 store a
+        # min, so asymmetric); the recipe's format keeps the recipe's
+        own = format_name == self.format and self.sym in c.sym
+        sym = self.sym if own else c.sym[0]
         bits = self.bits if self.bits in c.bits else c.bits[0]
         return replace(self, format=format_name, bits=bits, group_size=group, sym=sym,
                        layers=(), budget=None)

@@ -281,7 +281,9 @@ def _calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Cali
     if recipe.budget is not None:  # mixed precision: choose every tensor's format first
         from ..mix import resolve_budget
 
-        recipe = resolve_budget(recipe, ckpt, calib.ids, log=lambda m: print(m, file=sys.stderr, flush=True))
+        recipe = resolve_budget(recipe, ckpt, calib.ids,
+                                log=lambda m: print(m, file=sys.stderr, flush=True),
+                                domains=len(calib.settings.get("domains") or ()) or 1)
     config = config_for(recipe, **(options or {}))
     handler = handler_for(config)
     n_layers = cfg.num_hidden_layers

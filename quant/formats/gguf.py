@@ -164,7 +164,8 @@ class _Q8_0(GGUFBlockFormat):
 
 class _Q4_1(GGUFBlockFormat):
     name, ggml_type = "gguf-q4_1", GGMLType.Q4_1
-    constraints = Constraints(bits=(4,), group_sizes=(32,), sym=(True, False), in_multiple=32,
+    # asymmetric first: a block stores its min, so a symmetric Q4_1 is Q4_0 at 0.5 more bits
+    constraints = Constraints(bits=(4,), group_sizes=(32,), sym=(False, True), in_multiple=32,
                               notes="m = fp16(-scale * zero): ggml's q*d + m rounds m")
 
     def _check_extra(self, qw: QuantizedWeight, refuse) -> None:
@@ -215,7 +216,7 @@ class _Q5_0(GGUFBlockFormat):
 
 class _Q5_1(_Q4_1):
     name, ggml_type = "gguf-q5_1", GGMLType.Q5_1
-    constraints = Constraints(bits=(5,), group_sizes=(32,), sym=(True, False), in_multiple=32,
+    constraints = Constraints(bits=(5,), group_sizes=(32,), sym=(False, True), in_multiple=32,
                               notes="m = fp16(-scale * zero): ggml's q*d + m rounds m")
     bits_ = 5
 

@@ -12,19 +12,19 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf.quants import dequantize
-
-from arkinfer.backend import LowerRequest
 from arkinfer.backends.gguf.backend import BACKEND
 from arkinfer.backends.gguf.runner import LlamaCppRunner
-from arkinfer.frontend.demo import demo_model_path
-from arkinfer.models.configs import tiny_config
 from arkinfer.quant import QuantRecipe
 from arkinfer.quant.calib.stream import calibrate
 from arkinfer.quant.calib_data import calibration_from_ids
 from arkinfer.quant.export import export_folder
 from arkinfer.quant.load import load_quantized
 from arkinfer.quant.weight import QuantError
+from gguf.quants import dequantize
+
+from arkinfer.backend import LowerRequest
+from arkinfer.frontend.demo import demo_model_path
+from arkinfer.models.configs import tiny_config
 from arkinfer.testing.synthetic import write_checkpoint
 
 MIXED = QuantRecipe("gptq", "gguf-q4_0", 4, 32, skip=(),
@@ -38,6 +38,20 @@ def test_for_layer_resolves_the_first_matching_override():
     assert MIXED.for_layer("model.layers.0.mlp.up_proj") is MIXED
     assert MIXED.for_layer("lm_head").format == "gguf-q8_0"
     assert "3 layer overrides" in MIXED.describe()
+
+
+def test_an_override_takes_its_formats_own_symmetry():
+    """Q4_1 / Q5_1 store each block's minimum: under a symmetric recipe they are asymmetric
+    (a symmetric Q4_1 is Q4_0 at half a bit more); the recipe's own format keeps its symmetry."""
+    recipe = QuantRecipe("gptq", "gguf-q4_0", 4, 32, sym=True, skip=(),
+                         layers=(("*.down_proj", "gguf-q5_1"), ("*.up_proj", "gguf-q4_1"),
+                                 ("*.gate_proj", "gguf-q8_0")))
+    assert recipe.for_layer("model.layers.0.mlp.down_proj").sym is False
+    assert recipe.for_layer("model.layers.0.mlp.down_proj").bits == 5
+    assert recipe.for_layer("model.layers.0.mlp.up_proj").sym is False
+    assert recipe.for_layer("model.layers.0.mlp.gate_proj").sym is True
+    assert recipe.for_layer("model.layers.0.self_attn.q_proj").sym is True
+    assert QuantRecipe("rtn", "gguf-q4_1", 4, 32, sym=True).sym is True  # asked for, allowed
 
 
 def test_overrides_are_refused_where_they_cannot_be_stored():

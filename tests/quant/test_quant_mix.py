@@ -9,16 +9,22 @@ import json
 
 import pytest
 import torch
-
-from arkinfer.models import build_model, parse_config
-from arkinfer.models.configs import tiny_config
 from arkinfer.quant import QuantRecipe, get_preset
 from arkinfer.quant.calib.stream import calibrate
 from arkinfer.quant.calib_data import calibration_from_ids
 from arkinfer.quant.export import export_folder
-from arkinfer.quant.mix import (Option, TensorCost, allocate, fisher_diagonal, format_costs,
-                                kronecker_factors)
+from arkinfer.quant.mix import (
+    Option,
+    TensorCost,
+    allocate,
+    fisher_diagonal,
+    format_costs,
+    kronecker_factors,
+)
 from arkinfer.quant.weight import QuantError
+
+from arkinfer.models import build_model, parse_config
+from arkinfer.models.configs import tiny_config
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -249,3 +255,51 @@ def test_input_floor_adds_the_mean_diagonal_to_h(monkeypatch):
     g = factors.g["a"].double()
     expected = 0.5 * float((g * ((d.double() @ h_floored.double()) * d.double()).sum(1)).sum())
     assert floored == pytest.approx(expected, rel=1e-6) and floored > plain
+
+
+def test_kronecker_factors_per_domain_average_to_the_overall_output_factor():
+    """Window i belongs to domain i mod C: each domain's G is its windows' mean per token, and
+    the token-weighted mean of the domains' G is the overall G."""
+    model = _model(5)
+    ids = torch.randint(0, 256, (5, 6), generator=torch.Generator().manual_seed(3))
+    factors = kronecker_factors(model, ids, seed=2, domains=2)
+    assert kronecker_factors(model, ids, seed=2).g_domains is None
+    counts = torch.tensor([3.0, 2.0])[:, None]  # windows 0, 2, 4 and 1, 3
+    for name in ("model.layers.0.mlp.up_proj", "lm_head"):
+        per_domain = factors.g_domains[name]
+        assert per_domain.shape == (2, factors.g[name].shape[0])
+        torch.testing.assert_close((per_domain * counts).sum(0) / 5, factors.g[name],
+                                   rtol=1e-5, atol=1e-12)
+        assert not torch.allclose(per_domain[0], per_domain[1])
+
+
+def _domain_costs() -> list[TensorCost]:
+    """Tensors whose errors cost two domains differently: the first half matter to domain 0
+    only, the rest to both (twice as much to domain 1); domain 0's total is the larger, while
+    the mean KL gains most from the second half."""
+    costs = []
+    for i in range(8):
+        dom = (2.0, 0.0) if i < 4 else (1.0, 2.0)
+        opts = [Option(f, b, sum(d) / 2, d) for f, b, d in (
+            ("gguf-q4_0", 4.5, dom), ("gguf-q5_0", 5.5, tuple(x / 3.6 for x in dom)),
+            ("gguf-q8_0", 8.5, tuple(x / 200 for x in dom)))]
+        costs.append(TensorCost(f"t{i}", 1000, opts))
+    return costs
+
+
+def test_balanced_allocation_lowers_the_worst_domain_within_the_budget():
+    costs = _domain_costs()
+    plain, balanced = allocate(costs, 5.0, power=1), allocate(costs, 5.0, power=4)
+    assert plain.bits_per_weight <= 5.0 and balanced.bits_per_weight <= 5.0
+    assert not plain.domain_kl and len(balanced.domain_kl) == 2
+
+    def domain_kl(plan):
+        by_name = {c.name: {o.format: o for o in c.options} for c in costs}
+        return [sum(by_name[n][f].domains[d] for n, f in plan.formats.items()) for d in (0, 1)]
+
+    assert balanced.domain_kl == pytest.approx(domain_kl(balanced), rel=1e-4)
+    assert max(domain_kl(balanced)) < max(domain_kl(plain))
+    # the mean may only rise by what the worst domain gained
+    assert balanced.predicted_kl >= plain.predicted_kl / 2 * 0.999
+    with pytest.raises(QuantError, match="below the cheapest"):
+        allocate(costs, 4.4, power=4)
