@@ -27,12 +27,13 @@ import torch
 from arkinfer.backend import Runner
 from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.speculative.draft import Proposal
+from arkinfer.speculative.engine import check_target
 from arkinfer.speculative.rejection import sampling_probs
 from arkinfer.speculative.taps import check_tap_layers
 
 #: new pairs a proposal runs as C steps one by one (more: one PyTorch call, e.g. the prompt)
 NATIVE_PAIRS = 8
-TAP_RUNTIMES = "reference, gguf (upstream llama.cpp), mlx"
+TAP_RUNTIMES = "reference, gguf (upstream llama.cpp), mlx, onnx (dense graphs)"
 
 
 class Eagle3Draft:
@@ -45,6 +46,9 @@ class Eagle3Draft:
             raise NotAvailableError(f"an EAGLE-3 head needs the target's hidden states, which "
                                     f"{type(target).__name__} does not expose; the runtimes that "
                                     f"do: {TAP_RUNTIMES}", hint="use --draft lookup on this runtime")
+        # a runner may expose taps and still not verify (an onnx InfLLM v2 graph): refuse now,
+        # not when the first generation starts
+        check_target(target, 1)
         check_tap_layers(head.config.tap_layers, target.layer_count, type(target).__name__)
         self.head, self.target, self.name = head, target, name
         from arkinfer.speculative.eagle3_native import native_step

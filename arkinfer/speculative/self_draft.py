@@ -6,9 +6,11 @@ of the target's runtime and drafting through `ModelDraft`.
     speculative_generate(target, draft, prompt_ids, 64, k=4)
 
     A runner that can make one has `layer_count` and `first_layers(N)` (a runner over its first N
-    layers): the reference runner (the same modules and weights, its own KV cache) and the gguf
+    layers): the reference runner (the same modules and weights, its own KV cache), the gguf
     runner (a GGUF of blocks 0..N-1 written once into the ArkInfer cache,
-    backends/gguf/truncate.py). Any other runner: NotAvailableError.
+    backends/gguf/truncate.py), the mlx runner (a cache of N layers) and the onnx runner on
+    dense graphs (its graph cut after layer N-1 in memory, backends/onnx/layer_graph.py). Any
+    other runner: NotAvailableError.
 
 The draft sees exactly the hidden states the target's first N layers compute, read out by the
 target's own head: nothing was trained to make that read-out good, so the acceptance rate falls
@@ -21,7 +23,7 @@ from arkinfer.backend import Runner
 from arkinfer.errors import ArkError, NotAvailableError
 from arkinfer.speculative.model_draft import ModelDraft
 
-SELF_DRAFT_RUNTIMES = "reference, gguf (upstream llama.cpp), mlx"
+SELF_DRAFT_RUNTIMES = "reference, gguf (upstream llama.cpp), mlx, onnx (dense graphs)"
 
 
 def check_layers(layers: int, total: int, where: str) -> None:

@@ -7,7 +7,7 @@ records taps (`enable_taps(layers)`) keeps one row per cached position, the taps
     rows [S, len(layers) * H] float32, row p = cat(tap_layers[0](p), tap_layers[1](p), ...)
 
 and cuts them with its cache (`truncate(n)` keeps rows :n, `reset()` empties them), so row p always
-describes cached position p. The reference runner and the gguf runner record taps.
+describes cached position p. The reference, gguf, mlx and onnx runners record taps.
 """
 
 from __future__ import annotations

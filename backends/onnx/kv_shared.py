@@ -11,6 +11,10 @@ positions, contrib_fused.py), so the rows past P+T are never read.
 Only for graphs where every cache input feeds GroupQueryAttention directly and every cache output
 comes from it (`shareable`); InfLLM v2 models (compressed-key caches, concat in the function) and
 graphs with an attention left as a function keep the plain numpy cache.
+
+    taps     {output name: H}: further outputs f32 [1, T, H] (EAGLE-3's taps, layer_graph.py),
+             read after every call into `tap_values` ({name: [T, H]}); a decode step writes them
+             into buffers of ours bound once, as it does the logits
 """
 
 from __future__ import annotations
@@ -71,8 +75,14 @@ def shareable(model: onnx.ModelProto) -> bool:
 class SharedKV:
     """Bound buffers for `session`'s past.* inputs; `run(tokens, positions)` -> logits."""
 
-    def __init__(self, session: ort.InferenceSession, limit: int) -> None:
+    def __init__(self, session: ort.InferenceSession, limit: int,
+                 taps: dict[str, int] | None = None) -> None:
         self.session, self.limit = session, limit
+        self.taps = dict(taps or {})
+        self.step_taps = {name: np.zeros([1, 1, h], np.float32) for name, h in self.taps.items()}
+        self.step_tap_values = {name: ort.OrtValue.ortvalue_from_numpy(a)
+                                for name, a in self.step_taps.items()}
+        self.tap_values: dict[str, np.ndarray] = {}  # the last call's taps, [T, H] each
         self.shapes = {i.name: [int(d) if isinstance(d, int) else 0 for d in i.shape]
                        for i in session.get_inputs() if i.name.startswith("past.")}
         # a decode step's logits land in a buffer of ours: no get_outputs() (one Python
@@ -108,6 +118,8 @@ class SharedKV:
             value = ort.OrtValue.ortvalue_from_numpy(a)  # shares a's memory
             self.binding.bind_ortvalue_input(name, value)
             self.binding.bind_ortvalue_output(name.replace("past.", "present.", 1), value)
+        for name in self.taps:  # bound last: get_outputs()[-len(taps):] after a prefill
+            self.binding.bind_output(name)
 
     def step(self, token: int, position: int) -> np.ndarray:
         """One decode step at `position` (< capacity) -> logits f32 [V], a copy of its own (the
@@ -117,6 +129,8 @@ class SharedKV:
             self.binding.bind_ortvalue_output("logits", self.step_value)
             for name, value in self.step_inputs.items():
                 self.binding.bind_ortvalue_input(name, value)
+            for name, value in self.step_tap_values.items():
+                self.binding.bind_ortvalue_output(name, value)
             self.decode_bound = True
         self.step_token[0, 0], self.step_position[0] = token, position
         raw = getattr(self.binding, "_iobinding", None)
@@ -124,6 +138,8 @@ class SharedKV:
             self.session._sess.run_with_iobinding(raw, None)
         else:
             self.session.run_with_iobinding(self.binding)
+        if self.step_taps:
+            self.tap_values = {name: a[0].copy() for name, a in self.step_taps.items()}
         return self.step_logits[0, 0].copy()
 
     def run(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -135,7 +151,13 @@ class SharedKV:
             return self.step(int(tokens[0, 0]), int(positions[0]))[None, None]
         self.decode_bound = False
         self.binding.bind_output("logits")  # unallocated: ORT sizes it for this T
+        for name in self.taps:
+            self.binding.bind_output(name)
         self.binding.bind_cpu_input("tokens", tokens)
         self.binding.bind_cpu_input("positions", positions)
         self.session.run_with_iobinding(self.binding)
-        return np.array(self.binding.get_outputs()[0].numpy())
+        outputs = self.binding.get_outputs()
+        if self.taps:  # rebinding a name keeps its place: the taps are the last outputs
+            self.tap_values = {name: np.array(v.numpy()[0]) for name, v in
+                               zip(self.taps, outputs[-len(self.taps):])}
+        return np.array(outputs[0].numpy())
