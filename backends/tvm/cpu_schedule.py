@@ -18,6 +18,11 @@ with `dlight.ApplyDefaultSchedule` after the CPU default pipeline's legalisation
     ParallelRows  anything else: the spatial loops outside the innermost one fused and run in
                   parallel; the innermost stays a plain contiguous loop (vectorised by LLVM).
 
+The host module's prefill linears never reach these rules: kernels_gemm.py's tiled GEMMs
+arrive scheduled (`tirx.is_scheduled`), like decode's hand-built GEMVs. LinearRows still takes
+the TE linears that remain (a float lm_head in decode, shapes the GEMVs refuse, the portable
+module compiled for llvm in tests) and the attention scores.
+
 Measured per kernel on SmolLM2-135M's decode step (these rules replaced dlight's CPU Reduction
 for rms_norm, which recomputed a row's sum once per element, and a fused-everything parallel
 loop for the KV-cache concat, which divided per element).
@@ -212,7 +217,9 @@ def host_rules() -> list[dl.ScheduleRule]:
             ParallelRows()]
 
 
-SCHEDULE_NOTE = ("llvm (num-cores = this machine's cores): linears and attention scores "
+SCHEDULE_NOTE = ("llvm (num-cores = this machine's cores): prefill linears as a tiled GEMM "
+                 "(6 x 16 fp32 register tile, weight panels decoded once per call, panels "
+                 "parallel: kernels_gemm.py); other linears and attention scores "
                  "rfactored into 4 x 8 fp32 lanes (AVX2), rows parallel (cpu_schedule.LinearRows); "
                  "attention mix with the head dim innermost (MixRows); rms_norm per row "
                  "(NormRows); dlight.cpu.Reduction for softmax; other loops parallel outside "

@@ -12,7 +12,9 @@ Calling convention of every function (`sig` records it; tvm_module.json stores i
 
 The IR's named dims (T, P, S) become symbolic int64 shape variables, so one compiled function
 serves every length; dim expressions ("P+T") become PrimExprs. Activations are fp32; linears
-whose weights are packed (weights.py) read their q4 tensors through `kernels_linear.linear_q4`.
+whose weights are packed (weights.py) read their q4 tensors through `kernels_linear.linear_q4`,
+except in a host (llvm) module: there prefill's linears (4-bit and float) are the tiled GEMM of
+`kernels_gemm.py` and decode's 4-bit ones hand-built GEMVs (`kernels_qact.py` / `kernels_gemv.py`).
 The KV cache is functional, as in the IR: `concat(cache, new)`.
 """
 
@@ -34,10 +36,10 @@ from arkinfer.ir import dims
 from arkinfer.ir.graph import Graph, Node, Program
 from arkinfer.ir.ops import Op
 from arkinfer.ir.types import DType
-
 from arkinfer.ops.infllmv2.config import SparseConfig
 
 from . import kernels_attention as ka
+from . import kernels_gemm as gm
 from . import kernels_gemv as kg
 from . import kernels_linear as kl
 from . import kernels_norm as kn
@@ -86,9 +88,10 @@ class Signature:
 
 @dataclass(frozen=True)
 class HostDecode:
-    """How a host (llvm) module computes decode's 4-bit linears: `target` is the llvm target;
-    `activations` "int16" / "int8": rounded per 32 values (kernels_qact.py, x86 only; other
-    hosts fall back to fp32), "f32": fp32 (kernels_gemv.py)."""
+    """A host (llvm) module: `target` is the llvm target; `activations` is how decode's 4-bit
+    linears take their row: "int16" / "int8": rounded per 32 values (kernels_qact.py, x86 only;
+    other hosts fall back to fp32), "f32": fp32 (kernels_gemv.py). Prefill's linears are
+    kernels_gemm.py's tiled GEMM whatever `activations` says (fp32)."""
 
     target: Target
     activations: str = "int16"
@@ -103,7 +106,7 @@ class _Entry:
         self.bb, self.program, self.graph, self.params, self.env = bb, program, graph, params, env
         self.types = graph.types()
         self.host = host   # None: a device module (TE linears only, scheduled by dlight)
-        self.funcs = {} if funcs is None else funcs   # the module's hand-built GEMVs, by shape
+        self.funcs = {} if funcs is None else funcs   # hand-built GEMVs and GEMMs, by shape
         self.prepared: dict = {}   # decode activations prepared for the GEMVs, by (x, kind)
         self.kv_len: tir.Var | None = None  # the key count as a plain variable (plain_length)
 
@@ -144,9 +147,19 @@ class _Entry:
             if gemv is not None:
                 return gemv(self.bb, x, self.p(codes), self.p(scales), self.params.get(zeros),
                             bias, self.funcs, self.prepared)
-            return self.bb.emit_te(kl.linear_q4, x, self.p(codes), self.p(scales),
-                                   self.params.get(zeros), bias, primfunc_name_hint="q4_linear")
+            q4 = (self.p(codes), self.p(scales), self.params.get(zeros), bias)
+            if self.prefill_gemm(x):
+                return gm.emit_q4_gemm(self.bb, x, *q4, funcs=self.funcs)
+            return self.bb.emit_te(kl.linear_q4, x, *q4, primfunc_name_hint="q4_linear")
+        if self.prefill_gemm(x):
+            return gm.emit_float_gemm(self.bb, x, self.p(name), bias, funcs=self.funcs)
         return self.bb.emit_te(kl.linear_f32, x, self.p(name), bias, primfunc_name_hint="linear")
+
+    def prefill_gemm(self, x) -> bool:
+        """True when a host (llvm) module computes this linear as kernels_gemm's tiled GEMM:
+        rows [1, T, K] with T not a static 1 (prefill; decode keeps its GEMVs / TE rows).
+        Device modules keep the TE reductions dlight schedules."""
+        return self.host is not None and gm.supported(list(x.ty.shape))
 
     def decode_gemv(self, x, scales):
         """The hand-built GEMV emitter for a decode row (static [1, 1, K]) of a host module:
@@ -262,7 +275,8 @@ LOWERINGS: dict[Op, Callable[[_Entry, Node, list], relax.Expr]] = {
 }
 
 OP_IMPLEMENTATIONS = {
-    "linear": "TE reduction; int4 q4 weights dequantised inside the sum (kernels_linear.py)",
+    "linear": "TE reduction; int4 q4 weights dequantised inside the sum (kernels_linear.py); "
+              "host build: prefill as a tiled GEMM (kernels_gemm.py), decode as GEMVs",
     "embed": "relax take", "rms_norm": "TE row reduction + epilogue (kernels_norm.py)",
     "rope": "TE (table gather, LongRoPE switch in-kernel)",
     "attention": "dense causal GQA (TE scores, masked softmax, mix; functional KV cache)",
@@ -287,8 +301,9 @@ def uncovered_ops(program: Program) -> list[str]:
 def lower_program(program: Program, params: dict[str, np.ndarray],
                   host: HostDecode | None = None) -> tuple[tvm.IRModule, Signature]:
     """The Relax module of every entry point of `program` over `params` (see module doc).
-    `host`: lower for an llvm CPU, decode's 4-bit linears as hand-built GEMVs (HostDecode);
-    None: the portable module the device builds schedule (TE linears throughout)."""
+    `host`: lower for an llvm CPU (HostDecode): prefill's linears as kernels_gemm's tiled GEMM,
+    decode's 4-bit linears as hand-built GEMVs; None: the portable module the device builds
+    schedule (TE linears throughout)."""
     missing = uncovered_ops(program)
     if missing:
         raise NotAvailableError(f"IR op(s) {', '.join(missing)} have no TVM lowering",
@@ -304,7 +319,7 @@ def lower_program(program: Program, params: dict[str, np.ndarray],
                            "head_dim": int(meta["head_dim"]), "max_len": int(meta["max_len"]),
                            "dense_len": int(sparse.get("dense_len", 8192)) if sparse else None},
                     vocab_size=int(meta["vocab_size"]))
-    gemv_funcs: dict = {}
+    host_funcs: dict = {}
     for name, graph in program.entries.items():
         env: dict[str, Any] = {}
         inputs = []
@@ -320,7 +335,7 @@ def lower_program(program: Program, params: dict[str, np.ndarray],
         pvars = {p: relax.Var(p.replace(".", "_"), relax.TensorType(list(a.shape), str(a.dtype)))
                  for p, a in params.items()}
         with bb.function(name, [*inputs, *pvars.values()]):
-            entry = _Entry(bb, program, graph, pvars, env, host, gemv_funcs)
+            entry = _Entry(bb, program, graph, pvars, env, host, host_funcs)
             with bb.dataflow():
                 values: dict[str, relax.Expr] = dict(zip([i.name for i in graph.inputs], inputs))
                 for n in graph.nodes:

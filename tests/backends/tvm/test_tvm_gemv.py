@@ -81,7 +81,10 @@ def test_demo_host_decode_equals_the_portable_module(demo_q4):
                 TVMSession(finish(schedule(portable, target), target), tvm.cpu(), params, sig)]
     prompt = [1, 17, 300, 5, 2000, 42, 7, 99]
     pre = [s.step(prompt) for s in sessions]  # new sessions: empty caches
-    np.testing.assert_array_equal(pre[0], pre[1])
+    # the host prefill's linears are kernels_gemm's tiles, the portable module's the TE
+    # reduction: equal up to fp32 summation order
+    assert np.abs(pre[0] - pre[1]).max() <= 1e-4 * np.abs(pre[1]).max()
+    assert (pre[0].argmax(-1) == pre[1].argmax(-1)).all()
     for pos, tok in enumerate([11, 1234, 3, 77], start=len(prompt)):
         fast, te = (s.step([tok])[-1] for s in sessions)
         assert np.abs(fast - te).max() <= 1e-4 * np.abs(te).max(), pos
