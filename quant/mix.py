@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -184,8 +185,8 @@ def kronecker_factors(model: torch.nn.Module, windows: Tensor, *, seed: int = 0,
         for handle in handles:
             handle.remove()
     tokens = windows.numel()
-    per_domain = torch.tensor([len(range(d, windows.shape[0], domains)) * windows.shape[1]
-                               for d in range(domains)], dtype=torch.float64)[:, None]
+    per_domain = (torch.bincount(torch.arange(windows.shape[0]) % domains) * windows.shape[1]) \
+        .double()[:, None]  # tokens per domain
     return KroneckerFactors({k: (v.sum(0) / tokens).float() for k, v in g.items()},
                             {k: (v / tokens).float() for k, v in h.items()},
                             None if emb is None else emb / tokens,
@@ -441,8 +442,6 @@ def _allocate_balanced(costs: list[TensorCost], budget: float, power: float) -> 
     upgrade (any option with more bits, not only the next) with the largest gradient-weighted
     KL reduction per added bit, the weights power x KL_c ** (power - 1) recomputed after every
     step, so the worst-served domains pull the bits. Options of equal bits: the lowest mean KL."""
-    import numpy as np
-
     choices = {}
     for c in costs:
         kept: list[Option] = []
