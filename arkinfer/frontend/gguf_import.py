@@ -43,7 +43,7 @@ from arkinfer.owned_folder import file_hashes, record_files
 ProgressFn = Callable[[int, int, str], None]
 RECORD_NAME = "arkinfer_import.json"  # every file the import wrote, with its sha256
 DEFAULT_SHARD_BYTES = 5 * 1000**3  # Hugging Face's save_pretrained default ("5GB")
-IMPORTER_VERSION = "2"  # bump when the output of the same GGUF changes; caches compare it
+IMPORTER_VERSION = "3"  # bump when the output of the same GGUF changes; caches compare it
 _F16_MAX = 65504.0
 
 __all__ = ["DEFAULT_SHARD_BYTES", "IMPORTER_VERSION", "ImportResult", "import_gguf"]

@@ -284,7 +284,23 @@ def build_config(f: GGUFFile, spec: ArchSpec, torch_dtype: str) -> dict[str, Any
         cfg["scale_depth"] = _clean(f.get_float(f"{a}.residual_scale", 1.0)
                                     * math.sqrt(d["layers"]))
         cfg["dim_model_base"] = _clean(d["hidden"] / logit_scale)
+        sparse = _sparse_config(f)
+        if sparse:
+            cfg["sparse_config"] = sparse
     return cfg
+
+
+#: where the gguf backend writes a model's InfLLM v2 `sparse_config` (backends/gguf/metadata.py)
+SPARSE_PREFIX = "arkinfer.sparse."
+
+
+def _sparse_config(f: GGUFFile) -> dict[str, Any]:
+    """The `sparse_config` an ArkInfer GGUF carries as `arkinfer.sparse.<key>`, so the imported
+    model (verify's quantised reference) runs InfLLM v2 as the file's runtime does; {} when the
+    file has none (llama.cpp's own converters write none)."""
+    names = f.keys()  # GGUFFile.keys(): the metadata keys in file order
+    return {key[len(SPARSE_PREFIX):]: f.get(key) for key in names
+            if key.startswith(SPARSE_PREFIX)}
 
 
 def _rope_scaling(f: GGUFFile, spec: ArchSpec) -> dict[str, Any] | None:

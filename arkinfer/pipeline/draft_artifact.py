@@ -37,11 +37,9 @@ WEIGHTS_NOTE = ("bfloat16, not quantised: GPTQ on a draft head lowers its accept
                 "MiniCPM4 report quantises its draft with QAT instead); computed in float32")
 
 
-#: backends whose runners draft from the target's own layers (self:N and EAGLE-3 heads' taps) ->
-#: whether they do for a model with a sparse_config too. The onnx runner lowers such a model to
-#: an InfLLM v2 graph whose compressed-key caches cannot be cut back, so it speculates (and
-#: drafts from its layers) on dense models only; the others run or truncate InfLLM v2 themselves.
-LAYER_DRAFT_BACKENDS = {"gguf": True, "mlx": True, "reference": True, "onnx": False}
+#: backends whose runners draft from the target's own layers (self:N and EAGLE-3 heads' taps), on
+#: dense and InfLLM v2 (sparse_config) models alike
+LAYER_DRAFT_BACKENDS = ("gguf", "mlx", "onnx", "reference")
 
 
 def check_draft_request(spec: str | None, draft_vocab: int | None, raw: dict,
@@ -73,14 +71,6 @@ def check_draft_request(spec: str | None, draft_vocab: int | None, raw: dict,
                            "backend's runner cannot run it (it exposes no layers or hidden "
                            "states)", hint=f"use --draft lookup, or --backend "
                            f"{' / '.join(LAYER_DRAFT_BACKENDS)}")
-        if raw.get("sparse_config") and not LAYER_DRAFT_BACKENDS[backend]:
-            sparse = [b for b, any_model in LAYER_DRAFT_BACKENDS.items() if any_model]
-            raise ArkError(f"--draft {spec!r} runs inside the target's runtime, and the {backend} "
-                           "backend's runner cannot run it on this model: its sparse_config "
-                           "(InfLLM v2) gives a graph whose caches cannot be cut back after a "
-                           "rejected draft, so it does not speculate",
-                           hint=f"use --backend {' / '.join(sparse)}, or a model without "
-                           "sparse_config")
     if spec.startswith("self:"):
         check_layers(self_layers(spec), layers, "the model")
         return

@@ -58,7 +58,11 @@ def near_tie(runner, prompt: list[int], plain: list[int], speculative: list[int]
     for token in plain[:at]:
         single = runner.decode(token)
     runner.reset()
-    batched = runner.extend(list(prompt) + plain[:at])[-1]
+    context = list(prompt) + plain[:at]
+    if len(context) > 1:
+        runner.prefill(context[:-1])
+    # scored as a verify step scores it: in a batch of more than one token (any prompt length)
+    batched = runner.extend([context[-1], plain[at]])[0]
     gap = float(single[plain[at]] - single[speculative[at]])
     noise = float((single - batched).abs().max())
     spread = float(single.max() - single.min())

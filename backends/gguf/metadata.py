@@ -34,10 +34,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from arkinfer.frontend.gguf_model import ArchSpec
+from arkinfer.frontend.gguf_model import SPARSE_PREFIX, ArchSpec
 from arkinfer.ops.rope import longrope_attention_scale
-
-SPARSE_PREFIX = "arkinfer.sparse."
 
 
 def _add_sparse(writer: Any, sparse: dict[str, Any]) -> None:

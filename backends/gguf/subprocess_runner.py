@@ -36,13 +36,32 @@ import torch
 from arkinfer import errors
 from arkinfer.backend import RunnerBase
 from arkinfer.errors import ArkError
+from arkinfer.speculative.taps import RecordsTaps
 
 
-class SubprocessLlamaCppRunner(RunnerBase):
+class RemoteTaps:
+    """The child runner's `taps` (HiddenTaps) read through the pipe: `length` and `rows(start,
+    stop)` are what an EAGLE-3 draft asks, a few rows per step."""
+
+    def __init__(self, runner: SubprocessLlamaCppRunner, layers: tuple[int, ...]) -> None:
+        self.runner, self.layers = runner, layers
+
+    @property
+    def length(self) -> int:
+        return self.runner._call("taps", "length")
+
+    def rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        return self.runner._call("taps", "rows", start, stop)
+
+
+class SubprocessLlamaCppRunner(RecordsTaps, RunnerBase):
     """The Runner protocol over a LlamaCppRunner living in a child process with `lib_dir`'s
-    libllama. Sparse models run InfLLM v2 there (flash attention on: the sparse path needs it)."""
+    libllama. Sparse models run InfLLM v2 there (flash attention on: the sparse path needs it).
+    It speculates like LlamaCppRunner: extend / truncate (the InfLLM v2 indexer cache holds one
+    row per position, cut with the KV cells), taps, and `first_layers(N)` in a child of its own."""
 
     fixed_attention = None  # attention as the model's sparse_config says (InfLLM v2 past dense_len)
+    speculates = True
 
     def __init__(self, gguf_path: str | Path, lib_dir: str | Path, n_ctx: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", all_logits: bool = True,
@@ -50,6 +69,7 @@ class SubprocessLlamaCppRunner(RunnerBase):
         env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib_dir))
         self.path = Path(gguf_path)
         self.n_ctx = n_ctx
+        self.lib_dir, self.n_threads, self.kv_type = Path(lib_dir), n_threads, kv_type
         self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, env=env)
         # The child's start (Python, torch, llama.cpp, the model: ~3 s) overlaps with what the
@@ -133,6 +153,44 @@ class SubprocessLlamaCppRunner(RunnerBase):
 
     def chunk_logits(self, ids: list[int]) -> torch.Tensor:
         return self._call("chunk_logits", list(ids))
+
+    def extend(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` with the logits [len(ids), V] of each (LlamaCppRunner.extend)."""
+        return self._call("extend", list(ids))
+
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` cached positions (KV and InfLLM v2 indexer rows, taps)."""
+        self._call("truncate", int(n))
+
+    @property
+    def layer_count(self) -> int:
+        return self._call("attribute", "layer_count")
+
+    @property
+    def hidden_size(self) -> int:
+        return self._call("attribute", "hidden_size")
+
+    def first_layers(self, n: int) -> SubprocessLlamaCppRunner:
+        """The `self:N` draft: the file's first `n` blocks (truncate.py) in a child of its own
+        with this runner's library, n_ctx, threads and KV type, last-position logits only."""
+        from .truncate import truncated_gguf
+
+        if not 1 <= n < self.layer_count:
+            raise ArkError(f"first_layers({n}): {self.path} has {self.layer_count} blocks; take "
+                           f"1..{self.layer_count - 1}", hint="pick fewer layers")
+        return SubprocessLlamaCppRunner(truncated_gguf(self.path, n), self.lib_dir,
+                                        n_ctx=self.n_ctx, n_threads=self.n_threads,
+                                        kv_type=self.kv_type, all_logits=False)
+
+    def enable_taps(self, layers) -> None:
+        """Record EAGLE-3's taps in the child (LlamaCppRunner.enable_taps; the cache starts
+        empty); `taps` reads them through the pipe."""
+        self._call("enable_taps", tuple(layers))
+        self._taps = RemoteTaps(self, tuple(int(i) for i in layers))
+
+    def disable_taps(self) -> None:
+        self._call("disable_taps")
+        self._taps = None
 
     def parallel_start(self, n_seq: int, n_ctx_seq: int, kv_type: str = "f16",
                        n_batch: int = 512, kv_unified: bool = False) -> None:
@@ -229,6 +287,11 @@ def _serve() -> None:
                 if capture is not None:
                     capture.clear()
                 result = parallel.step(*args)
+            elif name == "attribute":
+                result = getattr(runner, args[0])
+            elif name == "taps":
+                found = getattr(runner.taps, args[0])
+                result = found(*args[1:]) if callable(found) else found
             elif name == "graph_tensors":
                 if capture is None:
                     raise ArkError("graph tensors need a runner created with debug_blocks=True",
@@ -236,7 +299,7 @@ def _serve() -> None:
                 result = capture.tensors
             else:
                 if capture is not None and name in ("window_logits", "prefill", "decode",
-                                                    "chunk_logits"):
+                                                    "chunk_logits", "extend"):
                     capture.clear()
                 result = getattr(runner, name)(*args, **kwargs)
             reply = ("ok", result)

@@ -5,7 +5,7 @@
     runner = OnnxRunner(artifact_dir)                  # ops="contrib": onnxruntime's fused ops
     logits = runner.window_logits(ids)                 # [T, V] float32 from an empty cache
     runner.reset(); runner.prefill(ids[:-1]); nxt = runner.decode(ids[-1])
-    rows = runner.extend(draft); runner.truncate(n)    # speculative decoding (not InfLLM v2 graphs)
+    rows = runner.extend(draft); runner.truncate(n)    # speculative decoding (InfLLM v2 too)
     draft = runner.first_layers(2)                     # the `self:2` draft: layers 0-1, norm, head
     runner.enable_taps((1, 2, 3)); runner.taps.rows()  # EAGLE-3's taps, one row per cached position
 
@@ -42,6 +42,7 @@ from arkinfer.frontend.tokenizer import load_tokenizer
 from arkinfer.speculative.taps import HiddenTaps, RecordsTaps, check_tap_layers
 
 from . import layer_graph
+from .compressed_cache import compressed_kernels, kept_rows
 from .fn_fused import ROTARY_GQA
 from .host_graph import host_graph, stored_accuracy_level
 from .kv_shared import SharedKV, shareable
@@ -104,9 +105,11 @@ class OnnxRunner(RecordsTaps, StepRunner):
             self.source = str(path)
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self._use(self.session, self.shared_kv)
-        # InfLLM v2 graphs carry compressed-key caches (past.{i}.fine / .coarse) that cannot be
-        # cut back by slicing: only graphs whose caches are all plain K/V truncate.
-        self.speculates = all(i.name.endswith((".k", ".v")) for i in self.past)
+        # InfLLM v2 graphs also carry compressed-key caches (past.{i}.fine / .coarse), cut back
+        # by their kernel counts (compressed_cache.py); a cache of any other kind stops truncate.
+        self.compressed = compressed_kernels(layer_graph.load_graph(self.source))
+        self.speculates = all(i.name.endswith((".k", ".v")) or i.name in self.compressed
+                              for i in self.past)
         logits = self.session.get_outputs()[0]
         self.vocab_size = int(logits.shape[-1])
         self.tokenizer = load_tokenizer(self.dir)
@@ -142,9 +145,9 @@ class OnnxRunner(RecordsTaps, StepRunner):
     def _refuse_layers(self, what: str) -> None:
         if not self.speculates:
             raise NotAvailableError(
-                f"{what} needs a runner that speculates; {self.dir / ONNX_FILE} is an InfLLM v2 "
-                "graph, whose compressed-key caches cannot be cut back after a rejected draft",
-                hint="use a model without sparse_config, or another backend (gguf, reference)")
+                f"{what} needs a runner that speculates; {self.dir / ONNX_FILE} carries caches "
+                f"it cannot cut back ({', '.join(i.name for i in self.past)})",
+                hint="use another backend (gguf, reference)")
 
     @property
     def layer_count(self) -> int:
@@ -223,15 +226,16 @@ class OnnxRunner(RecordsTaps, StepRunner):
             self.cache[i.name] = np.zeros(shape, np.float32)
 
     def truncate(self, n: int) -> None:
-        """Keep the first `n` cached positions: past.{i}.k / .v [1, Hkv, P, D] sliced to P = n;
-        with the shared buffers only the position goes back (GQA reads rows 0..pos-1)."""
+        """Keep the first `n` cached positions: past.{i}.k / .v [1, Hkv, P, D] sliced to P = n,
+        an InfLLM v2 graph's compressed keys to the kernels n positions complete; with the
+        shared buffers only the position goes back (GQA reads rows 0..pos-1)."""
         if not self.speculates:
             raise self._cannot_speculate("truncate")
         if not 0 <= n <= self.pos:
             raise ArkError(f"cannot truncate the cache to {n} positions: it holds {self.pos}",
                            hint=f"pass 0..{self.pos}")
         if self.shared_kv is None:
-            self.cache = {name: np.ascontiguousarray(value[:, :, :n])
+            self.cache = {name: np.ascontiguousarray(value[:, :, :kept_rows(name, n, self.compressed)])
                           for name, value in self.cache.items()}
         self.pos = n
         if self._taps is not None:

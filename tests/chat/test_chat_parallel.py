@@ -27,6 +27,15 @@ QUESTIONS = ["What is bread made from?", "Why is the sky blue?", "What is bread 
              "What is rain?"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def upstream_llamacpp():
+    """The demo's gguf in upstream llama.cpp, in this process (parallel sequences), even where
+    the InfLLM v2 build exists: its subprocess runner queues requests (one sequence)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ARKINFER_LLAMACPP", "upstream")
+        yield
+
+
 @pytest.fixture(scope="module")
 def parallel_server(demo_artifact, serve):
     return serve(serve_app(str(demo_artifact("gguf")), LIMITS))

@@ -78,6 +78,23 @@ def test_impossible_threshold_fails_build_and_leaves_nothing(tmp_path):
     assert list(out.parent.iterdir()) == []  # no staging or work folders either
 
 
+def test_a_fidelity_failure_does_not_suggest_a_threshold(tmp_path, monkeypatch):
+    """Runtime against reference on the same weights has no --threshold key: the hint says what
+    such a failure is instead."""
+    import arkinfer.pipeline.build as build_module
+
+    failure = ("fidelity top1_agreement 0.5000 < threshold 0.95 (runtime vs the reference model "
+               "on the same quantised weights)")
+    monkeypatch.setattr(build_module, "backend_fidelity",
+                        lambda *a, **k: {"passed": False, "failure": failure})
+    out = tmp_path / "dist" / "bad"
+    res = runner.invoke(app, ["build", "--quant", "q8_0", "-o", str(out)])
+    assert res.exit_code == 1
+    assert "fidelity top1_agreement 0.5000" in res.output and "--threshold" not in res.output
+    assert "runtime disagrees with ArkInfer's reference model" in " ".join(res.output.split())
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killed_build_leaves_no_artifact(tmp_path, sig):
     out = tmp_path / "dist" / "killed"

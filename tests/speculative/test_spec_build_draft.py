@@ -88,7 +88,7 @@ def test_lookup_is_recorded_without_files(tmp_path):
     ({"draft": "eagle3:demo", "draft_vocab": 5000}, "outside the model's vocabulary of 2048"),
     ({"draft": "self:9"}, "self:N must be 1..3"),
     ({"draft": "nonsense"}, "is not a draft"),
-    ({"draft": "eagle3:demo", "backend": "onnx", "quant": "gptq"}, "cannot run it"),
+    ({"draft": "eagle3:demo", "backend": "tvm", "quant": "int4"}, "cannot run it"),
 ])
 def test_bad_requests_fail_in_the_plan(tmp_path, kwargs, message):
     kwargs = {"quant": "q4_0", **kwargs}

@@ -3,7 +3,9 @@ dense demo's onnx artifact (gptq 4-bit, built with `--draft eagle3:demo`), greed
 output equals plain greedy decoding token for token; the first-N-layer graph's logits and the
 recorded taps equal ArkInfer's reference model run on the artifact's own quantised weights (its
 `hf/` folder, dequantised: what verify's fidelity check compares with); the taps follow the cache
-through truncate and reset; InfLLM v2 graphs and a wrong N are refused.
+through truncate and reset; a wrong N is refused. On the demo's InfLLM v2 graph (its
+sparse_config) truncate cuts the compressed-key caches back exactly, and speculation past
+dense_len gives plain greedy's tokens.
 
 Tolerances: the onnx graph and the reference compute the same dequantised weights in float32
 (MatMulNBits at accuracy_level 0); only the kernels' summation order differs. Measured on the
@@ -20,7 +22,7 @@ import torch
 from spec_support import repetitive_prompt
 
 from arkinfer.backend import LowerRequest, get_backend
-from arkinfer.errors import ArkError, NotAvailableError
+from arkinfer.errors import ArkError
 from arkinfer.pipeline.artifact import load_runner
 from arkinfer.pipeline.build import build
 from arkinfer.pipeline.draft import parse_draft
@@ -207,23 +209,51 @@ def sparse_graph(tmp_path_factory):
     return out
 
 
-def test_infllmv2_graphs_are_refused(sparse_graph):
+DENSE_LEN = 1024  # the demo's sparse_config.dense_len
+
+
+def past_dense_len(runner, length: int) -> list[int]:
+    """`length` tokens of the demo's text repeated (the demo's dense_len is 1024)."""
+    return (runner.tokenize(PROMPT + " Flour, water, salt and yeast.") * 100)[:length]
+
+
+def test_an_infllmv2_graph_truncates_its_compressed_keys(sparse_graph):
+    """Past dense_len, a cache cut back to any length inside a draft (on a fine-kernel edge, one
+    either side of it, on a coarse-kernel edge) then decodes the logits of a fresh prefill of
+    that length: the fine / coarse caches keep exactly the kernels the kept keys complete."""
     runner = OnnxRunner(sparse_graph, threads=1)
-    assert not runner.speculates
-    with pytest.raises(NotAvailableError, match="InfLLM v2"):
-        parse_draft("self:2", runner)
-    with pytest.raises(NotAvailableError, match="InfLLM v2"):
-        runner.enable_taps(TAPS)
-    with pytest.raises(NotAvailableError, match="cannot verify drafts"):
-        parse_draft("eagle3:demo", runner)
+    assert runner.speculates and len(runner.compressed) == 2 * LAYERS
+    ids = past_dense_len(runner, DENSE_LEN + 120)
+    start = DENSE_LEN + 40                     # a draft of 70 crosses 1088, 1104, 1120 and 1152
+    runner.prefill(ids[:start])
+    for kept in (0, 7, 8, 9, 24, 25, 69):
+        runner.truncate(runner.pos)            # no-op: the extend below starts at `start`
+        runner.extend(ids[start:start + 70])
+        runner.truncate(start + kept)
+        fine = runner.cache["past.0.fine"].shape[2]
+        assert fine == (start + kept - 32) // 16 + 1
+        cut = runner.decode(ids[start + kept])
+        fresh = OnnxRunner(sparse_graph, threads=1)
+        fresh.prefill(ids[:start + kept])
+        assert torch.allclose(cut, fresh.decode(ids[start + kept]), atol=1e-5)
+        runner.truncate(start)
 
 
-def test_the_plan_takes_layer_drafts_on_dense_onnx_models_only(dense_demo):
+@pytest.mark.parametrize("spec", ["lookup", "self:2", "eagle3:demo"])
+def test_speculation_on_an_infllmv2_graph_past_dense_len(sparse_graph, spec):
+    """InfLLM v2 and speculation together: greedy output past dense_len equals plain."""
+    runner = OnnxRunner(sparse_graph, threads=1)
+    prompt = past_dense_len(runner, DENSE_LEN + 16)
+    plain = list(plain_generate(runner, prompt, 24))
+    fast = list(speculative_generate(runner, parse_draft(spec, runner), prompt, 24, k=4))
+    assert fast == plain
+
+
+def test_the_plan_takes_layer_drafts_on_sparse_onnx_models(dense_demo):
     raw = json.loads((dense_demo / "config.json").read_text())
     for spec in ("self:2", "eagle3:demo"):
         check_draft_request(spec, None, raw, "onnx")
-        with pytest.raises(ArkError, match="sparse_config"):
-            check_draft_request(spec, None, {**raw, "sparse_config": {"dense_len": 1024}}, "onnx")
+        check_draft_request(spec, None, {**raw, "sparse_config": {"dense_len": 1024}}, "onnx")
 
 
 def test_a_float_llama_graph(tmp_path, tiny_checkpoint):

@@ -15,7 +15,6 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python (the [gguf] extra) is 
 
 from arkinfer.backends.gguf.backend import BACKEND
 from arkinfer.backends.gguf.runner import LlamaCppRunner
-from arkinfer.pipeline.reference_runner import ReferenceRunner
 from arkinfer.quant import QuantRecipe, get_preset
 from arkinfer.quant.calib.stream import calibrate
 from arkinfer.quant.calib_data import calibration_from_ids
@@ -26,8 +25,9 @@ from arkinfer.backend import LowerRequest, Runner
 from arkinfer.errors import ArkError
 from arkinfer.frontend.demo import demo_model_path
 from arkinfer.frontend.gguf_model import permute_qk
-from arkinfer.testing.synthetic import write_checkpoint
 from arkinfer.models.configs import tiny_config
+from arkinfer.pipeline.reference_runner import ReferenceRunner
+from arkinfer.testing.synthetic import write_checkpoint
 
 pytestmark = pytest.mark.llamacpp
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -124,6 +124,12 @@ def test_demo_minicpm41_sparse_metadata_and_logits(tmp_path):
     ours = runner.window_logits(ids)
     ref = ReferenceRunner(demo, dense=True).window_logits(ids)
     assert (ours - ref).abs().max().item() <= 1e-3
+    # imported back (verify's quantised reference), the model keeps its sparse_config, so it runs
+    # InfLLM v2 where the patched llama.cpp does
+    from arkinfer.frontend.gguf_import import import_gguf
+
+    import_gguf(tmp_path / "model.gguf", tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["sparse_config"] == sparse
 
 
 def test_bf16_build_runs_close_to_reference(tmp_path):
@@ -303,7 +309,6 @@ def test_llama_logs_show_warnings_and_errors_but_not_the_compute_buffer_note(cap
     warnings and errors, continues the line it printed, and drops info and the compute-buffer
     size note llama.cpp prints when an InfLLM v2 context is freed."""
     import llama_cpp
-
     from arkinfer.backends.gguf import llamacpp_lib
 
     llamacpp_lib.quiet_llama_logs(llama_cpp)
