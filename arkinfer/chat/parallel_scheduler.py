@@ -55,11 +55,11 @@ def check_parallel_with_draft(parallel: int | None, draft: str | None) -> None:
 
 def runs_parallel(model: ChatModel) -> bool:
     """Whether `model`'s runner can run several sequences in one context (the gguf runtime's
-    in-process llama.cpp runner, without a draft)."""
+    llama.cpp runners, upstream or the InfLLM v2 build, without a draft)."""
     if model.runtime != "gguf" or model.draft is not None:
         return False
-    # the runner's own `parallel_sequences(n_seq, n_ctx_seq)` (the in-process llama.cpp runner;
-    # the InfLLM v2 build in its child process has none)
+    # the runner's own `parallel_sequences(n_seq, n_ctx_seq)` (the in-process llama.cpp runner,
+    # and the InfLLM v2 build's, in its child process)
     return callable(getattr(model.runner, "parallel_sequences", None))
 
 
@@ -79,7 +79,7 @@ def resolve_parallel(model: ChatModel, requested: int | None) -> int:
                        "runs one sequence at a time (one KV cache), so `serve` queues its "
                        "requests one after another",
                        hint="drop --parallel (or give 1); requests run side by side on gguf "
-                       "artifacts run by llama.cpp in the server's own process")
+                       "artifacts (llama.cpp)")
     return requested
 
 

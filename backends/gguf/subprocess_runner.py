@@ -29,6 +29,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -54,6 +55,27 @@ class RemoteTaps:
         return self.runner._call("taps", "rows", start, stop)
 
 
+class RemoteSequences:
+    """`ParallelSequences` (parallel.py) living in the child, over its loaded model: what `serve
+    --parallel` steps (n_seq, n_ctx_seq, n_batch, clear, step, close)."""
+
+    def __init__(self, runner: SubprocessLlamaCppRunner, n_seq: int, n_ctx_seq: int) -> None:
+        self.runner, self.n_seq, self.n_ctx_seq = runner, n_seq, n_ctx_seq
+        self.n_batch = runner._call("parallel_like", n_seq, n_ctx_seq)
+
+    def clear(self, seq: int) -> None:
+        self.runner._call("parallel_clear", int(seq))
+
+    def step(self, tokens: dict[int, list[int]],
+             last_only: bool = False) -> dict[int, torch.Tensor]:
+        return self.runner._call("parallel_step", {int(s): list(ids) for s, ids in tokens.items()},
+                                 last_only=last_only)
+
+    def close(self) -> None:
+        if self.runner._proc is not None:
+            self.runner._call("parallel_close")
+
+
 class SubprocessLlamaCppRunner(RecordsTaps, RunnerBase):
     """The Runner protocol over a LlamaCppRunner living in a child process with `lib_dir`'s
     libllama. Sparse models run InfLLM v2 there (flash attention on: the sparse path needs it).
@@ -76,6 +98,9 @@ class SubprocessLlamaCppRunner(RecordsTaps, RunnerBase):
         # caller does next (verify loads the float reference meanwhile): the load request is sent
         # now and its answer read by the first call that needs the child.
         self._pending: str | None = None
+        # one call at a time on the pipe: `serve` steps sequences on its scheduler thread while
+        # request threads may tokenize
+        self._lock = threading.RLock()
         self._send("load", str(gguf_path), n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type,
                    all_logits=all_logits, flash_attn=True, debug_blocks=debug_blocks, n_batch=None)
         self._pending = "load"
@@ -101,9 +126,10 @@ class SubprocessLlamaCppRunner(RecordsTaps, RunnerBase):
             self._vocab_size = self._receive("load")
 
     def _call(self, name: str, *args, **kwargs):
-        self._finish_load()
-        self._send(name, *args, **kwargs)
-        return self._receive(name)
+        with self._lock:
+            self._finish_load()
+            self._send(name, *args, **kwargs)
+            return self._receive(name)
 
     def _send(self, name: str, *args, **kwargs) -> None:
         if self._proc is None or self._proc.poll() is not None:
@@ -191,6 +217,12 @@ class SubprocessLlamaCppRunner(RecordsTaps, RunnerBase):
     def disable_taps(self) -> None:
         self._call("disable_taps")
         self._taps = None
+
+    def parallel_sequences(self, n_seq: int, n_ctx_seq: int) -> RemoteSequences:
+        """`n_seq` sequences side by side in the child over its model, with its KV type,
+        attention path and n_batch (parallel.sequences_like): what `arkinfer serve --parallel`
+        decodes with; InfLLM v2 runs per sequence (a KV stream each)."""
+        return RemoteSequences(self, n_seq, n_ctx_seq)
 
     def parallel_start(self, n_seq: int, n_ctx_seq: int, kv_type: str = "f16",
                        n_batch: int = 512, kv_unified: bool = False) -> None:
@@ -280,13 +312,22 @@ def _serve() -> None:
                 parallel = ParallelSequences(runner.llm, *args, **kwargs,
                                              cb_eval=capture.callback if capture else None)
                 result = None
-            elif name == "parallel_step":
+            elif name == "parallel_like":
+                from arkinfer.backends.gguf.parallel import sequences_like
+
+                if parallel is not None:
+                    parallel.close()
+                parallel = sequences_like(runner, *args)
+                result = parallel.n_batch
+            elif name in ("parallel_step", "parallel_clear", "parallel_close"):
                 if parallel is None:
                     raise ArkError("no parallel sequences are open",
                                    hint="call parallel_start(n_seq, n_ctx_seq) first")
                 if capture is not None:
                     capture.clear()
-                result = parallel.step(*args)
+                result = getattr(parallel, name.removeprefix("parallel_"))(*args, **kwargs)
+                if name == "parallel_close":
+                    parallel = None
             elif name == "attribute":
                 result = getattr(runner, args[0])
             elif name == "taps":
