@@ -37,22 +37,6 @@ import torch
 from arkinfer import errors
 from arkinfer.backend import RunnerBase
 from arkinfer.errors import ArkError
-from arkinfer.speculative.taps import RecordsTaps
-
-
-class RemoteTaps:
-    """The child runner's `taps` (HiddenTaps) read through the pipe: `length` and `rows(start,
-    stop)` are what an EAGLE-3 draft asks, a few rows per step."""
-
-    def __init__(self, runner: SubprocessLlamaCppRunner, layers: tuple[int, ...]) -> None:
-        self.runner, self.layers = runner, layers
-
-    @property
-    def length(self) -> int:
-        return self.runner._call("taps", "length")
-
-    def rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        return self.runner._call("taps", "rows", start, stop)
 
 
 class RemoteSequences:
@@ -76,14 +60,18 @@ class RemoteSequences:
             self.runner._call("parallel_close")
 
 
-class SubprocessLlamaCppRunner(RecordsTaps, RunnerBase):
+class SubprocessLlamaCppRunner(RunnerBase):
     """The Runner protocol over a LlamaCppRunner living in a child process with `lib_dir`'s
     libllama. Sparse models run InfLLM v2 there (flash attention on: the sparse path needs it).
-    It speculates like LlamaCppRunner: extend / truncate (the InfLLM v2 indexer cache holds one
-    row per position, cut with the KV cells), taps, and `first_layers(N)` in a child of its own."""
+    `extend` / `truncate` work (the InfLLM v2 indexer cache holds one row per position, cut with
+    the KV cells: a cut-back step is bit-identical), but the runner does not speculate: past
+    dense_len the patched graph's multi-token steps can select other blocks than its one-token
+    steps where block scores nearly tie (on the demo, one position in a few hundred comes out
+    3 logits away, where ArkInfer's reference model agrees with the one-token step), so a verify
+    step would not reproduce plain greedy decoding (docs/speculative.md)."""
 
     fixed_attention = None  # attention as the model's sparse_config says (InfLLM v2 past dense_len)
-    speculates = True
+    speculates = False
 
     def __init__(self, gguf_path: str | Path, lib_dir: str | Path, n_ctx: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", all_logits: bool = True,
@@ -187,36 +175,6 @@ class SubprocessLlamaCppRunner(RecordsTaps, RunnerBase):
     def truncate(self, n: int) -> None:
         """Keep the first `n` cached positions (KV and InfLLM v2 indexer rows, taps)."""
         self._call("truncate", int(n))
-
-    @property
-    def layer_count(self) -> int:
-        return self._call("attribute", "layer_count")
-
-    @property
-    def hidden_size(self) -> int:
-        return self._call("attribute", "hidden_size")
-
-    def first_layers(self, n: int) -> SubprocessLlamaCppRunner:
-        """The `self:N` draft: the file's first `n` blocks (truncate.py) in a child of its own
-        with this runner's library, n_ctx, threads and KV type, last-position logits only."""
-        from .truncate import truncated_gguf
-
-        if not 1 <= n < self.layer_count:
-            raise ArkError(f"first_layers({n}): {self.path} has {self.layer_count} blocks; take "
-                           f"1..{self.layer_count - 1}", hint="pick fewer layers")
-        return SubprocessLlamaCppRunner(truncated_gguf(self.path, n), self.lib_dir,
-                                        n_ctx=self.n_ctx, n_threads=self.n_threads,
-                                        kv_type=self.kv_type, all_logits=False)
-
-    def enable_taps(self, layers) -> None:
-        """Record EAGLE-3's taps in the child (LlamaCppRunner.enable_taps; the cache starts
-        empty); `taps` reads them through the pipe."""
-        self._call("enable_taps", tuple(layers))
-        self._taps = RemoteTaps(self, tuple(int(i) for i in layers))
-
-    def disable_taps(self) -> None:
-        self._call("disable_taps")
-        self._taps = None
 
     def parallel_sequences(self, n_seq: int, n_ctx_seq: int) -> RemoteSequences:
         """`n_seq` sequences side by side in the child over its model, with its KV type,
@@ -328,11 +286,6 @@ def _serve() -> None:
                 result = getattr(parallel, name.removeprefix("parallel_"))(*args, **kwargs)
                 if name == "parallel_close":
                     parallel = None
-            elif name == "attribute":
-                result = getattr(runner, args[0])
-            elif name == "taps":
-                found = getattr(runner.taps, args[0])
-                result = found(*args[1:]) if callable(found) else found
             elif name == "graph_tensors":
                 if capture is None:
                     raise ArkError("graph tensors need a runner created with debug_blocks=True",

@@ -14,6 +14,16 @@ from arkinfer.pipeline.artifact import load_runner
 from arkinfer.pipeline.reference_runner import ReferenceRunner
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _upstream_llamacpp():
+    """gguf artifacts in upstream llama.cpp (this process), even where the InfLLM v2 build exists:
+    that build does not speculate (docs/speculative.md); the tests of it load it explicitly
+    (`infllmv2_gguf` in test_spec_sparse.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ARKINFER_LLAMACPP", "upstream")
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     """Every test here on one intra-op thread (tests/conftest.py)."""
