@@ -66,8 +66,8 @@ class SubprocessLlamaCppRunner(RunnerBase):
     `extend` / `truncate` work (the InfLLM v2 indexer cache holds one row per position, cut with
     the KV cells: a cut-back step is bit-identical), but the runner does not speculate: past
     dense_len the patched graph's multi-token steps can select other blocks than its one-token
-    steps where block scores nearly tie (on the demo, one position in a few hundred comes out
-    3 logits away, where ArkInfer's reference model agrees with the one-token step), so a verify
+    steps where block scores nearly tie (on the demo, one position in 96 comes out about 3
+    logits away, where ArkInfer's reference model agrees with the one-token step), so a verify
     step would not reproduce plain greedy decoding (docs/speculative.md)."""
 
     fixed_attention = None  # attention as the model's sparse_config says (InfLLM v2 past dense_len)
@@ -79,7 +79,6 @@ class SubprocessLlamaCppRunner(RunnerBase):
         env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib_dir))
         self.path = Path(gguf_path)
         self.n_ctx = n_ctx
-        self.lib_dir, self.n_threads, self.kv_type = Path(lib_dir), n_threads, kv_type
         self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, env=env)
         # The child's start (Python, torch, llama.cpp, the model: ~3 s) overlaps with what the
@@ -173,7 +172,7 @@ class SubprocessLlamaCppRunner(RunnerBase):
         return self._call("extend", list(ids))
 
     def truncate(self, n: int) -> None:
-        """Keep the first `n` cached positions (KV and InfLLM v2 indexer rows, taps)."""
+        """Keep the first `n` cached positions (KV cells and InfLLM v2 indexer rows)."""
         self._call("truncate", int(n))
 
     def parallel_sequences(self, n_seq: int, n_ctx_seq: int) -> RemoteSequences:

@@ -14,11 +14,12 @@ from arkinfer.pipeline.artifact import load_runner
 from arkinfer.pipeline.reference_runner import ReferenceRunner
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _upstream_llamacpp():
     """gguf artifacts in upstream llama.cpp (this process), even where the InfLLM v2 build exists:
     that build does not speculate (docs/speculative.md); the tests of it load it explicitly
-    (`infllmv2_gguf` in test_spec_sparse.py)."""
+    (`infllmv2_gguf` in test_spec_sparse.py). Module scope: set before each module's fixtures
+    load runners, and undone after it, so tests outside this folder see the environment as is."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ARKINFER_LLAMACPP", "upstream")
         yield
