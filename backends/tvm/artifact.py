@@ -31,7 +31,7 @@ from arkinfer.lowering.versions import version
 from .compile import DEVICE_VARIANTS, Build, build
 from .cpu_schedule import SCHEDULE_NOTE
 from .options import OPTIONS
-from .weights import SourceWeights, program_params
+from .weights import Q8, SourceWeights, program_params
 
 MODULE_FILE = "tvm_module.json"
 HOST_LIB = "host/model.so"
@@ -39,7 +39,7 @@ PARAMS_FILE = "params.safetensors"
 SCHEMA = 1
 
 
-FLOAT_WEIGHTS = {"f16": np.float16, "f32": np.float32}  # `float_weights=` (backend.py)
+FLOAT_WEIGHTS = {"q8": Q8, "f16": np.float16, "f32": np.float32}  # `float_weights=`; first: default
 DECODE_ACTIVATIONS = OPTIONS["decode_activations"].choices   # the first is the default
 DECODE_SCHEDULES = {   # the host schedule note of each, for tvm_module.json
     "int16": "; decode's 4-bit linears with int16 activations (kernels_qact: pmovzxbw / pmaddwd, "
@@ -64,13 +64,16 @@ def device_variants(options: dict[str, str]) -> tuple[str, ...]:
 
 
 def float_weights(options: dict[str, str]):
-    """numpy dtype of the float weight matrices (embedding, float linears such as a tied
-    lm_head): `--option float_weights=f16` (default, MLC-LLM's q4f16: half the bytes a decode
-    step reads for the lm_head) or f32. Norm weights and RoPE tables stay float32."""
-    value = options.get("float_weights", "f16")
+    """How the float weight matrices (embedding, float linears such as a tied lm_head) are
+    stored: `--option float_weights=q8` (default: llama.cpp's Q8_0, blocks of 32 int8 with an
+    fp16 scale, as llama.cpp's Q4_0 files keep their tied output; a quarter of fp32's bytes
+    for the lm_head a decode step reads), f16 (MLC-LLM's q4f16) or f32 (exact). weights.Q8 or
+    a numpy dtype. Norm weights and RoPE tables stay float32."""
+    value = options.get("float_weights", next(iter(FLOAT_WEIGHTS)))
     if value not in FLOAT_WEIGHTS:
         raise ArkError(f"--option float_weights={value!r}; allowed {', '.join(FLOAT_WEIGHTS)}",
-                       hint="f16 halves the float matrices (default); f32 keeps them exact")
+                       hint="q8 stores them as Q8_0 (default, fastest decode); f16 halves them; "
+                            "f32 keeps them exact")
     return FLOAT_WEIGHTS[value]
 
 
@@ -149,7 +152,8 @@ def lower(request: LowerRequest, passes: tuple[str, ...]) -> LowerResult:
     float_dtype = float_weights(request.options)
     activations = decode_activations(request.options)
     program = program_of(request, str(request.source_dir), passes=passes)
-    request.progress(f"pack weights (q4 + {np.dtype(float_dtype).name} float matrices)")
+    kind = float_dtype if isinstance(float_dtype, str) else np.dtype(float_dtype).name
+    request.progress(f"pack weights (q4 + {kind} float matrices)")
     params, layers = program_params(program, SourceWeights(request.model_dir), float_dtype)
     request.progress(f"compile llvm + {', '.join(variants) or 'no device'}")
     b = build(program, params, devices=variants, decode_activations=activations)

@@ -43,7 +43,7 @@ LANES = 8  # fp32 lanes of one AVX2 register; also the nibbles of one packed q4 
 SMALL_WORK = 8192  # loop iterations below which a function runs serial (SmallSerial)
 ACCUMULATORS = 4  # independent vector sums per row: an FMA's latency (4-5 cycles) is not the
 #                   loop's bound
-LINEAR_BLOCKS = ("q4_linear", "linear", "attn_qk")   # reductions over a contiguous last axis
+LINEAR_BLOCKS = ("q4_linear", "q8_linear", "linear", "attn_qk")   # reductions over a contiguous last axis
 MIX_BLOCKS = ("attn_pv",)                             # reductions whose output axis is contiguous
 
 

@@ -9,6 +9,8 @@ the packed weight once and never writes a float copy.
     linear_f32(x [.., K], w f32|f16 [N, K])                -> [.., N]
     linear_q4(x [.., K], codes u32 [N, K/8], scales f16|f32 [N, K/g], zeros? u8 [N, K/g])
                                                            -> [.., N]
+    linear_q8(x [.., K], codes i8 [N, K], scales f16 [N, K/32]) -> [.., N]
+    embed_q8(codes i8 [N, K], scales f16 [N, K/32], ids i64 [..]) -> f32 [.., K]
 Weight layout and formula: weights.py.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 from tvm import te
 from tvm import tirx as tir
 
-from .weights import SYM_ZERO
+from .weights import Q8_BLOCK, SYM_ZERO
 
 
 def _leading(x: te.Tensor) -> list:
@@ -68,3 +70,33 @@ def linear_q4(x: te.Tensor, codes: te.Tensor, scales: te.Tensor, zeros: te.Tenso
     if bias is None:
         return y
     return te.compute(y.shape, lambda *i: y[i] + bias[i[-1]], name="q4_linear_bias")
+
+
+def dequant_q8(codes: te.Tensor, scales: te.Tensor, n, k):
+    """fp32 value of a Q8_0 matrix's W[n, k] = codes[n, k] * scales[n, k // 32] (weights.py)."""
+    return codes[n, k].astype("float32") * scales[n, k // Q8_BLOCK].astype("float32")
+
+
+def linear_q8(x: te.Tensor, codes: te.Tensor, scales: te.Tensor,
+              bias: te.Tensor | None = None) -> te.Tensor:
+    """y[.., n] = sum_k x[.., k] * codes[n, k] * scales[n, k // 32] (+ bias[n]): the Q8_0 float
+    matrices' linear (a tied lm_head) as one reduction over k, fp32 accumulation."""
+    k = te.reduce_axis((0, x.shape[-1]), "k")
+    y = te.compute((*_leading(x), codes.shape[0]),
+                   lambda *i: te.sum(x[(*i[:-1], k)] * dequant_q8(codes, scales, i[-1], k),
+                                     axis=k), name="q8_linear")
+    if bias is None:
+        return y
+    return te.compute(y.shape, lambda *i: y[i] + bias[i[-1]], name="q8_linear_bias")
+
+
+def embed_q8(codes: te.Tensor, scales: te.Tensor, ids: te.Tensor) -> te.Tensor:
+    """Rows `ids` of a Q8_0 embedding, dequantised to fp32 [*ids.shape, K]; ids are clipped to
+    [0, N - 1] as relax's take(mode="clip") does for a float table."""
+    n_rows = codes.shape[0]
+
+    def row(*i):
+        return tir.max(tir.min(ids[i[:-1]], n_rows - 1), 0)
+
+    return te.compute((*ids.shape, codes.shape[1]),
+                      lambda *i: dequant_q8(codes, scales, row(*i), i[-1]), name="embed_q8")

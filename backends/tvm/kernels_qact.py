@@ -23,6 +23,11 @@ codes in integer SIMD instead:
         Then an fp32 FMA per block; one TIR expression per row, blocks summed as a tree, rows in
         parallel. No loop-carried buffer: LLVM keeps the sums in registers.
 
+A Q8_0 float matrix (weights.py, `float_weights=q8`: the lm_head) takes the same activations
+in their natural order (`interleave=False`): q8_gemv_qact sign-extends 8 int8 codes at a time to
+int16 (`pmovsxbw`) and `pmaddwd`s them with 8 activations widened to int16, 4 per block, then an
+fp32 FMA with the block's two scales; exact integer sums (|sum| < 32 x 127 x 32767 < 2^31).
+
 The codes are weights.py's layout unchanged (column 8w + i in bits 4i..4i+3 of word w): the 16
 bytes of block b hold columns 32b + 2j (low nibble of byte j) and 32b + 2j + 1 (high nibble).
 Error: only the activations' rounding, to 1 part in 2 * qmax of their block's largest value
@@ -51,9 +56,10 @@ def supported(target: Target, k: int, group: int) -> bool:
     return x86 and k % BLOCK == 0 and group % BLOCK == 0
 
 
-def quantize_activations(x: te.Tensor, bits: int = 8):
-    """x [1, 1, K] f32 -> (xq int<bits> [K] in even/odd block order, xs f32 [K/32],
-    xsum int32 [K/32]); bits 8 or 16 (qmax 127 or 32767)."""
+def quantize_activations(x: te.Tensor, bits: int = 8, interleave: bool = True):
+    """x [1, 1, K] f32 -> (xq int<bits> [K] in even/odd block order, or the natural order with
+    interleave=False (the Q8_0 GEMV's), xs f32 [K/32], xsum int32 [K/32]); bits 8 or 16
+    (qmax 127 or 32767)."""
     k_total = int(x.shape[-1])
     qmax, qtype = tir.const(float(2 ** (bits - 1) - 1), "float32"), f"int{bits}"
     blocks = k_total // BLOCK
@@ -70,6 +76,8 @@ def quantize_activations(x: te.Tensor, bits: int = 8):
         tir.const(0.0, "float32")), name="act_inv")
 
     def column(p):   # the source column of stored position p: evens of the block, then odds
+        if not interleave:
+            return p
         b, i = p // BLOCK, p % BLOCK
         return b * BLOCK + tir.if_then_else(i < BLOCK // 2, 2 * i, 2 * (i - BLOCK // 2) + 1)
 
@@ -178,6 +186,44 @@ def q4_gemv_qact(n_rows: int, k: int, group: int, scale_dtype: str, zeros: bool,
                              row)
 
 
+def q8_gemv_qact(n_rows: int, k: int, bias_dtype: str | None, bits: int = 16) -> tir.PrimFunc:
+    """y [1, 1, N] = x @ W.T (+ bias) for a Q8_0 matrix W (codes i8 [N, K], scales f16
+    [N, K/32]) and x quantised by quantize_activations(x, bits, interleave=False): per row,
+    sum_b scales[n, b] * xs[b] * (sum_k codes[n, k] * xq[k]), the integer sums as 4 pmaddwd of
+    int16x8 per block (module doc), blocks as a tree, rows in parallel."""
+    blocks = k // BLOCK
+    xq = tir.decl_buffer((k,), f"int{bits}", "xq")
+    xs = tir.decl_buffer((blocks,), "float32", "xs")
+    xsum = tir.decl_buffer((blocks,), "int32", "xsum")   # unused: Q8_0 has no zero point
+    codes = tir.decl_buffer((n_rows, k), "int8", "codes")
+    scales = tir.decl_buffer((n_rows, blocks), "float16", "scales")
+    bias = tir.decl_buffer((n_rows,), bias_dtype, "bias") if bias_dtype else None
+    y = tir.decl_buffer((1, 1, n_rows), "float32", "y")
+    n = tir.Var("n", "int32")
+    sums = []
+    for b in range(blocks):
+        terms = []
+        for h in range(BLOCK // 8):
+            at = tir.Ramp(tir.const(BLOCK * b + 8 * h, "int32"), 1, 8)
+            c = tir.Cast("int16x8", tir.BufferLoad(codes, [n, at]))
+            xv = tir.BufferLoad(xq, [at])
+            if bits != 16:
+                xv = tir.Cast("int16x8", xv)
+            terms.append(tir.call_llvm_pure_intrin("int32x4", "llvm.x86.sse2.pmadd.wd", c, xv))
+        s = tir.Cast("float32", tir.BufferLoad(scales, [n, b])) * tir.BufferLoad(xs, [b])
+        sums.append(tir.Cast("float32x4", tree_sum(terms)) * tir.Broadcast(s, 4))
+    acc = tree_sum(sums)
+    lanes = [tir.Shuffle([acc], [tir.const(i, "int32")]) for i in range(4)]
+    total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+    if bias is not None:
+        total = total + tir.Cast("float32", tir.BufferLoad(bias, [n]))
+    loop = tir.For(n, 0, n_rows, tir.ForKind.PARALLEL,
+                   tir.BufferStore(y, total, [tir.const(0, "int32"), tir.const(0, "int32"), n]))
+    buffers = [xq, xs, xsum, codes, scales] + ([bias] if bias is not None else []) + [y]
+    return tir.PrimFunc(buffers, loop).with_attr({"tirx.noalias": True, "tirx.is_scheduled": True,
+                                                  "op_pattern": 8})
+
+
 def call_gemv(bb: relax.BlockBuilder, funcs: dict | None, prepared: dict | None, func_key: tuple,
               make_func, func_name: str, prepare_key: tuple, prepare, weights: list,
               n_rows: int):
@@ -208,3 +254,16 @@ def emit_linear_q4_qact(bb: relax.BlockBuilder, x, codes, scales, zeros=None, bi
                      (x, bits), lambda: bb.emit_te(quantize_activations, x, bits,
                                                    primfunc_name_hint="quantize_activations"),
                      [a for a in (codes, scales, zeros, bias) if a is not None], n_rows)
+
+
+def emit_linear_q8_qact(bb: relax.BlockBuilder, x, codes, scales, bias=None,
+                        funcs: dict | None = None, prepared: dict | None = None, bits: int = 16):
+    """Emit quantize_activations(x, bits, interleave=False) and a call of q8_gemv_qact (one
+    PrimFunc per shape, one quantised x per input); returns the call, [1, 1, N] f32."""
+    n_rows, k = int(codes.ty.shape[0]), int(x.ty.shape[-1])
+    key = ("q8", n_rows, k, None if bias is None else str(bias.ty.dtype), bits)
+    return call_gemv(bb, funcs, prepared, key, lambda: q8_gemv_qact(*key[1:]),
+                     f"q8_gemv_int{bits}", (x, bits, "natural"),
+                     lambda: bb.emit_te(quantize_activations, x, bits, False,
+                                        primfunc_name_hint="quantize_activations"),
+                     [a for a in (codes, scales, bias) if a is not None], n_rows)

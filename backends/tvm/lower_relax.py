@@ -45,7 +45,7 @@ from . import kernels_linear as kl
 from . import kernels_norm as kn
 from . import kernels_qact as qa
 from .infllmv2 import emit_infllmv2
-from .weights import q4_names
+from .weights import q4_names, q8_names
 
 TVM_DTYPE = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16",
              DType.I64: "int64", DType.I32: "int32", DType.I8: "int8", DType.U8: "uint8",
@@ -131,7 +131,12 @@ class _Entry:
 
     # ------------------------------------------------------------------------------ ops
     def embed(self, n: Node, ids):
-        """Rows of the embedding, widened to float32 when it is stored as float16."""
+        """Rows of the embedding, widened to float32 when it is stored as float16 and
+        dequantised when it is Q8_0 (weights.py, `float_weights=q8`)."""
+        q8_codes, q8_scales = q8_names(n.attrs["weight"])
+        if q8_codes in self.params:
+            return self.bb.emit_te(kl.embed_q8, self.p(q8_codes), self.p(q8_scales), ids,
+                                   primfunc_name_hint="embed_q8")
         table = self.p(n.attrs["weight"])
         rows = relax.op.take(table, ids, axis=0, mode="clip")
         if str(table.ty.dtype) == "float32":
@@ -151,9 +156,27 @@ class _Entry:
             if self.prefill_gemm(x):
                 return gm.emit_q4_gemm(self.bb, x, *q4, funcs=self.funcs)
             return self.bb.emit_te(kl.linear_q4, x, *q4, primfunc_name_hint="q4_linear")
+        q8_codes, q8_scales = q8_names(name)
+        if q8_codes in self.params:
+            return self.linear_q8(x, self.p(q8_codes), self.p(q8_scales), bias)
         if self.prefill_gemm(x):
             return gm.emit_float_gemm(self.bb, x, self.p(name), bias, funcs=self.funcs)
         return self.bb.emit_te(kl.linear_f32, x, self.p(name), bias, primfunc_name_hint="linear")
+
+    def linear_q8(self, x, codes, scales, bias):
+        """A Q8_0 float matrix (the lm_head): decode on an x86 host build through
+        kernels_qact's int16 / int8 GEMV (the build's decode_activations; f32 keeps the TE
+        row), prefill through kernels_gemm's tiled GEMM, devices through the TE reduction."""
+        k = int(x.ty.shape[-1])
+        if self.decode_gemv(x, scales) is not None and self.host.activations != "f32" and \
+                qa.supported(self.host.target, k, qa.BLOCK):
+            return qa.emit_linear_q8_qact(self.bb, x, codes, scales, bias, self.funcs,
+                                          self.prepared,
+                                          bits=int(self.host.activations.removeprefix("int")))
+        if self.prefill_gemm(x):
+            return gm.emit_q8_gemm(self.bb, x, codes, scales, bias, funcs=self.funcs)
+        return self.bb.emit_te(kl.linear_q8, x, codes, scales, bias,
+                               primfunc_name_hint="q8_linear")
 
     def prefill_gemm(self, x) -> bool:
         """True when a host (llvm) module computes this linear as kernels_gemm's tiled GEMM:

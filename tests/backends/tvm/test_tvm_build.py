@@ -84,28 +84,43 @@ def test_runner_matches_reference_weights(demo_artifact):
     assert run.decode(5).argmax() == ref.decode(5).argmax()
 
 
-def test_float_matrices_are_stored_f16_and_the_reference_reads_them(demo_artifact):
-    """The embedding (tied lm_head) is float16 in params.safetensors (default float_weights),
-    norms float32; the reference folder holds exactly those values widened to float32."""
+def test_float_matrices_are_stored_q8_0_and_the_reference_reads_them(demo_artifact):
+    """The embedding (tied lm_head) is Q8_0 in params.safetensors (default float_weights):
+    int8 codes and fp16 scales per 32, norms float32; the reference folder holds exactly their
+    numpy dequantisation (weights.dequantize_q8), and it is within half a step of the float
+    embedding the build started from."""
     from safetensors.numpy import load_file
+
+    from arkinfer.backends.tvm.weights import dequantize_q8
+    from arkinfer.frontend.model_folder import open_checkpoint
 
     out, _ = demo_artifact
     params = load_file(str(out / "params.safetensors"))
-    emb = params["model.embed_tokens.weight"]
-    assert emb.dtype == np.float16
+    assert "model.embed_tokens.weight" not in params
+    codes, scales = (params[f"model.embed_tokens.{k}"] for k in ("q8_codes", "q8_scales"))
+    assert codes.dtype == np.int8 and scales.dtype == np.float16
+    assert scales.shape == (codes.shape[0], codes.shape[1] // 32)
     assert params["model.norm.weight"].dtype == np.float32
     ref = load_file(str(next(BACKEND.reference_weights(out).glob("*.safetensors"))))
-    np.testing.assert_array_equal(ref["model.embed_tokens.weight"], emb.astype(np.float32))
+    emb = dequantize_q8({"q8_codes": codes, "q8_scales": scales})
+    np.testing.assert_array_equal(ref["model.embed_tokens.weight"], emb)
+    source = open_checkpoint("demo", with_tokenizer=False).weights.get(
+        "model.embed_tokens.weight").float().numpy()
+    step = np.repeat(scales.astype(np.float32), 32, axis=1)
+    assert (np.abs(emb - source) <= step * 0.5 + 1e-7).all()
     info = json.loads((out / "tvm_module.json").read_text())
-    assert info["layers"]["model.embed_tokens"] == "float16"
+    assert info["layers"]["model.embed_tokens"] == "q8_0 (fp16 scales)"
 
 
 def test_tvm_options_are_checked():
     from arkinfer.backends.tvm.artifact import float_weights
     from arkinfer.errors import ArkError
 
-    assert float_weights({}) == np.float16 and float_weights({"float_weights": "f32"}) == np.float32
-    with pytest.raises(ArkError, match=r"float_weights='bf16'; allowed f16, f32"):
+    from arkinfer.backends.tvm.weights import Q8
+
+    assert float_weights({}) == Q8 and float_weights({"float_weights": "f16"}) == np.float16
+    assert float_weights({"float_weights": "f32"}) == np.float32
+    with pytest.raises(ArkError, match=r"float_weights='bf16'; allowed q8, f16, f32"):
         float_weights({"float_weights": "bf16"})
     from arkinfer.backend import check_backend_options, get_backend
 

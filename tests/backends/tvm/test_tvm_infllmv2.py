@@ -39,7 +39,9 @@ def sparse_model(tmp_path_factory) -> tuple[Path, Path]:
     out = root / "artifact"
     out.mkdir()
     BACKEND.lower(LowerRequest(model_dir=src, source_dir=src, recipe=None, dtype="f32",
-                               target=None, out_dir=out, options={"devices": "none"}))
+                               target=None, out_dir=out,
+                               # float32 matrices: the reference below is the float source
+                               options={"devices": "none", "float_weights": "f32"}))
     return src, out
 
 
