@@ -172,7 +172,8 @@ class _Entry:
                 qa.supported(self.host.target, k, qa.BLOCK):
             return qa.emit_linear_q8_qact(self.bb, x, codes, scales, bias, self.funcs,
                                           self.prepared,
-                                          bits=int(self.host.activations.removeprefix("int")))
+                                          bits=int(self.host.activations.removeprefix("int")),
+                                          wide=qa.has_avx2(self.host.target))
         if self.prefill_gemm(x):
             return gm.emit_q8_gemm(self.bb, x, codes, scales, bias, funcs=self.funcs)
         return self.bb.emit_te(kl.linear_q8, x, codes, scales, bias,

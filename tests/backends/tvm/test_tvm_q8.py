@@ -76,14 +76,21 @@ def test_te_reduction_equals_numpy(run_host, t):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["sse2", "avx2"])
 @pytest.mark.parametrize("bits", qa.BITS)
 @pytest.mark.parametrize("bias", [False, True])
-def test_decode_gemv_equals_numpy_on_the_rounded_activations(run_host, bits, bias):
+def test_decode_gemv_equals_numpy_on_the_rounded_activations(run_host, bits, bias, wide):
     """y = dequant(W) @ (x rounded per 32 values, natural order) (+ bias), exact integer sums:
-    within fp32 summation error of numpy, and within the rounding's effect of the fp32 product."""
+    within fp32 summation error of numpy, and within the rounding's effect of the fp32 product;
+    both the SSE2 (128-bit) and the AVX2 (256-bit) pmaddwd forms."""
+    from arkinfer.backends.tvm.default_pipeline import host_target
+
+    if wide and not qa.has_avx2(host_target()):
+        pytest.skip("this CPU has no AVX2")
     inputs, names, exact = _inputs(50, 128, 1, bias)
     got = run_host(lambda bb, x, *rest: qa.emit_linear_q8_qact(
-        bb, x, rest[0], rest[1], rest[2] if bias else None, bits=bits), inputs, names).numpy()
+        bb, x, rest[0], rest[1], rest[2] if bias else None, bits=bits, wide=wide),
+        inputs, names).numpy()
     x = inputs[0]
     qmax = np.float32(2 ** (bits - 1) - 1)
     blocks = x.reshape(-1, 32)
