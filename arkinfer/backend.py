@@ -316,6 +316,10 @@ class RunnerBase:
     fixed_attention: str | None = None
     deferred: tuple[str, ...] = ()
     speculates: bool = False
+    # True: the runner's steps run on torch's thread pool (the reference model). Other runtimes
+    # have threads of their own; torch work beside them (a draft head) then runs on one thread
+    # (arkinfer.speculative.engine.torch_threads_beside)
+    computes_in_torch: bool = False
 
     def extend(self, ids: list[int]) -> torch.Tensor:
         raise self._cannot_speculate("extend")

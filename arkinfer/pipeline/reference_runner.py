@@ -32,6 +32,7 @@ class ReferenceRunner(RecordsTaps, RunnerBase):
 
     attention_modes = ("dense", "sparse")
     speculates = True
+    computes_in_torch = True
 
     def __init__(self, model_dir: str | Path, dense: bool = False) -> None:
         self.ckpt = open_checkpoint(model_dir)

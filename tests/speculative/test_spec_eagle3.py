@@ -145,3 +145,39 @@ def test_eagle3_folder_that_is_not_a_head(tmp_path):
     target = ReferenceRunner(demo_model_path())
     with pytest.raises(ArkError, match="no such folder"):
         parse_draft(f"eagle3:{tmp_path / 'missing'}", target)
+
+
+class _ThreadsSeen:
+    """A draft wrapper recording torch's thread count at each proposal."""
+
+    def __init__(self, draft) -> None:
+        self.draft, self.seen, self.name = draft, [], draft.name
+
+    def reset(self) -> None:
+        self.draft.reset()
+
+    def finish(self) -> None:
+        self.draft.finish()
+
+    def propose(self, *args):
+        self.seen.append(torch.get_num_threads())
+        return self.draft.propose(*args)
+
+
+@pytest.mark.parametrize("runtime", ["gguf", "reference"])
+def test_torch_runs_on_one_thread_beside_another_runtime(demo_f16, runtime):
+    """While a gguf target decodes (llama.cpp's own threads), the draft's torch work runs on one
+    thread, so torch's OpenMP workers do not spin on llama.cpp's cores; the reference target
+    computes in torch and keeps its threads; either way the count is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        target = load_runner(demo_f16)[1] if runtime == "gguf" else \
+            ReferenceRunner(demo_model_path())
+        draft = _ThreadsSeen(parse_draft("eagle3:demo", target))
+        ids = list(speculative_generate(target, draft, target.tokenize(PROMPT), 12, k=2))
+        assert len(ids) == 12 and draft.seen
+        assert set(draft.seen) == ({1} if runtime == "gguf" else {2})
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
