@@ -24,6 +24,7 @@ from arkinfer.speculative.draft import Draft, Proposal
 from arkinfer.speculative.plain import check_prompt
 from arkinfer.speculative.rejection import sampling_probs, verify_greedy, verify_sampled
 from arkinfer.speculative.stats import SpecStats
+from arkinfer.torch_threads import one_torch_thread
 
 
 def check_target(target: Runner, k: int) -> None:
@@ -47,12 +48,8 @@ def torch_threads_beside(target: Runner) -> Iterator[None]:
     if getattr(target, "computes_in_torch", False):
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @torch.no_grad()

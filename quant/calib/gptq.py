@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from arkinfer.torch_threads import one_torch_thread
+
 from ..rtn import (
     Grid,
     find_params,
@@ -253,12 +255,8 @@ def single_thread(below: int | None = None):
     if below is not None and below >= THREADED_COLUMNS:
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @dataclass
