@@ -43,9 +43,9 @@ FLOAT_WEIGHTS = {"q8": Q8, "f16": np.float16, "f32": np.float32}  # `float_weigh
 DECODE_ACTIVATIONS = OPTIONS["decode_activations"].choices   # the first is the default
 DECODE_SCHEDULES = {   # the host schedule note of each, for tvm_module.json
     "int16": "; decode's 4-bit linears with int16 activations (kernels_qact: pmovzxbw / pmaddwd, "
-             "one expression per row)",
+             "one expression per row; a Q8_0 lm_head: pmovsxbw / pmaddwd)",
     "int8": "; decode's 4-bit linears with int8 activations (kernels_qact: pmaddubsw / pmaddwd, "
-            "one expression per row)",
+            "one expression per row; a Q8_0 lm_head: pmovsxbw / pmaddwd)",
     "f32": "; decode's 4-bit linears in fp32 with the scales outside the sum (kernels_gemv: "
            "pmovzxbd / cvtdq2ps / FMA, one expression per row)"}
 
