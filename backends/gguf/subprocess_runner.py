@@ -63,15 +63,15 @@ class RemoteSequences:
 class SubprocessLlamaCppRunner(RunnerBase):
     """The Runner protocol over a LlamaCppRunner living in a child process with `lib_dir`'s
     libllama. Sparse models run InfLLM v2 there (flash attention on: the sparse path needs it).
-    `extend` / `truncate` work (the InfLLM v2 indexer cache holds one row per position, cut with
-    the KV cells: a cut-back step is bit-identical), but the runner does not speculate: past
-    dense_len the patched graph's multi-token steps can select other blocks than its one-token
-    steps where block scores nearly tie (on the demo, one position in 96 comes out about 3
-    logits away, where ArkInfer's reference model agrees with the one-token step), so a verify
-    step would not reproduce plain greedy decoding (docs/speculative.md)."""
+    It speculates: `extend` / `truncate` work (the InfLLM v2 indexer cache holds one row per
+    position, cut with the KV cells: a cut-back step is bit-identical), and past dense_len a
+    position scored inside a multi-token step has bit-for-bit the logits of its one-token step
+    (the patch's decode path gathers the selected blocks in ascending order, the order in which
+    the batched path's masked attention visits them), so verify steps reproduce plain greedy
+    decoding (docs/speculative.md)."""
 
     fixed_attention = None  # attention as the model's sparse_config says (InfLLM v2 past dense_len)
-    speculates = False
+    speculates = True
 
     def __init__(self, gguf_path: str | Path, lib_dir: str | Path, n_ctx: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", all_logits: bool = True,
