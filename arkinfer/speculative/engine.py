@@ -42,8 +42,8 @@ def torch_threads_beside(target: Runner) -> Iterator[None]:
     """torch on one thread while `target` decodes on threads of its own (onnxruntime,
     llama.cpp, MLX, TVM): the draft's torch work between two target steps (an EAGLE-3 head's
     fc, its tap rows) otherwise wakes torch's OpenMP pool, whose workers then spin on the cores
-    the target's next step runs on (the demo's EAGLE-3 on onnx, 2 threads: 0.57 s for 64
-    tokens with torch on 2 threads, 0.20 s on one). The reference runner computes in torch
+    the target's next step runs on (the demo's EAGLE-3 on onnx, 2 threads: 0.18x plain decoding
+    before, 0.70x after; BENCHMARKS.md). The reference runner computes in torch
     (`computes_in_torch`) and keeps its threads."""
     if getattr(target, "computes_in_torch", False):
         yield

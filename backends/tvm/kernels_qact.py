@@ -164,8 +164,8 @@ def q4_gemv_qact(n_rows: int, k: int, group: int, scale_dtype: str, zeros: bool,
                  bias_dtype: str | None, bits: int = 8) -> tir.PrimFunc:
     """The PrimFunc described in the module doc, for a weight [n_rows, k] with `group`-column
     scales of `scale_dtype`, u8 zero points when `zeros` (else symmetric), an optional bias.
-    (A 256-bit AVX2 form of the int16 dot, 2 vpmaddwd per block, measured slower on Zen 3:
-    0.24 against 0.16 ms for 3072 x 576.)"""
+    (A 256-bit AVX2 form of the int16 dot, 2 vpmaddwd per block, timed slower on Zen 3 in a
+    one-off comparison and not kept.)"""
     blocks, per_group = k // BLOCK, group // BLOCK
     xq = tir.decl_buffer((k,), f"int{bits}", "xq")
     xs = tir.decl_buffer((blocks,), "float32", "xs")
@@ -194,8 +194,9 @@ def q8_gemv_qact(n_rows: int, k: int, bias_dtype: str | None, bits: int = 16,
     """y [1, 1, N] = x @ W.T (+ bias) for a Q8_0 matrix W (codes i8 [N, K], scales f16
     [N, K/32]) and x quantised by quantize_activations(x, bits, interleave=False): per row,
     sum_b scales[n, b] * xs[b] * (sum_k codes[n, k] * xq[k]), the integer sums as 2 vpmaddwd of
-    int16x16 per block with `wide` (AVX2: 2.2 against 3.0 ms for 49152 x 576 on Zen 3), else 4
-    pmaddwd of int16x8, blocks as a tree, rows in parallel."""
+    int16x16 per block with `wide` (AVX2), else 4 pmaddwd of int16x8, blocks as a tree, rows in
+    parallel. 49152 x 576 on Zen 3 (benchmarks/tvm_decode_parts.py): one thread 2.25 ms wide
+    against 2.67; two threads 1.2-1.6 ms either way (the 28 MB of codes bound it)."""
     blocks = k // BLOCK
     xq = tir.decl_buffer((k,), f"int{bits}", "xq")
     xs = tir.decl_buffer((blocks,), "float32", "xs")
