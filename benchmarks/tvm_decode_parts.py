@@ -1,6 +1,7 @@
 """Where a TVM host decode step goes: the hand-built decode GEMVs alone (the Q8_0 lm_head with
 SSE2's and AVX2's pmaddwd, the 4-bit int16-activation GEMV at SmolLM2's gate/up and down
-shapes), and, given an artifact, a whole decode step and the VM's argument passing.
+shapes), and, given an artifact, a whole decode step (called directly, as a local session does,
+and through the VM's stateful calls, as an RPC session does) and the VM's argument passing.
 
     .venv/bin/python benchmarks/tvm_decode_parts.py [--artifact ART] [--json OUT]
 
@@ -75,24 +76,35 @@ def q4_gemv_ms(n: int, k: int, calls: int) -> float:
     return _per_call_ms(_compiled(func), args, calls)
 
 
-def artifact_step(artifact: Path, steps: int) -> dict:
-    """ms per decode step (context 8 -> 8 + steps) and per argument-passing call of that step."""
+def artifact_step(artifact: Path, steps: int, rounds: int = 5) -> dict:
+    """ms per decode step (context 8 -> 8 + steps; the median of `rounds`), called directly
+    (what a local session does) and through set_input / invoke_stateful / get_outputs (what an
+    RPC session does), rounds interleaved; and ms per set_input call of that step."""
+    import statistics
+
     import tvm
 
     from arkinfer.backend import get_backend
 
     session = get_backend("tvm").load(artifact).session
-    session.step(list(range(100, 108)))
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        session.step([5])
-    step = (time.perf_counter() - t0) / steps
+    direct_entries, times = session._entries, {"direct": [], "stateful": []}
+    for _ in range(rounds):
+        for path in times:
+            session._entries = direct_entries if path == "direct" else None
+            session.reset()
+            session.step(list(range(100, 108)))
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                session.step([5])
+            times[path].append((time.perf_counter() - t0) / steps * 1e3)
+    session._entries = direct_entries
     tokens = tvm.runtime.tensor(np.asarray([[5]], np.int64))
     positions = tvm.runtime.tensor(np.asarray([8 + steps], np.int64))
     args = (tokens, positions, *session.cache, *session.params)
     set_input = _per_call_ms(lambda *a: session.vm.set_input("decode", *a), args, 200)
-    return {"decode_step_ms": step * 1e3, "set_input_ms": set_input,
-            "arguments": len(args)}
+    return {"decode_step_ms": statistics.median(times["direct"]),
+            "decode_step_stateful_ms": statistics.median(times["stateful"]),
+            "set_input_ms": set_input, "arguments": len(args)}
 
 
 def main() -> None:

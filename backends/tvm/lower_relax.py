@@ -264,13 +264,34 @@ def prim_dim(d: Any, env: dict[str, Any]):
     return int(d) if isinstance(d, int) else walk(dims.as_sympy(d))
 
 
+_RESHAPE_OP = tvm.ir.Op.get("relax.reshape")
+
+
 def _scalar(value: float) -> relax.Constant:
     return relax.const(float(value), "float32")
 
 
+def _reshape(e: _Entry, x: relax.Expr, shape: list) -> relax.Expr:
+    """`x` viewed as `shape`; a reshape of a reshape reshapes the first one's input (relax
+    would fuse the chain into a copy kernel; one reshape stays a view)."""
+    source = e.bb.lookup_binding(x) if isinstance(x, relax.Var) else None
+    if isinstance(source, relax.Call) and source.op == _RESHAPE_OP:
+        x = source.args[0]
+    return relax.op.reshape(x, shape)
+
+
 def _transpose(e: _Entry, n: Node, x: list) -> relax.Expr:
+    """Swap two dims. When at most one of the dims from the first swapped to the second is not
+    statically 1 (decode's [1, 1, H, D] <-> [1, H, 1, D]), the memory order is unchanged and
+    the swap is a reshape: a view, where a permute would be a copy kernel (four per layer of
+    every decode step)."""
+    a, b = sorted((n.attrs["dim0"], n.attrs["dim1"]))
     perm = list(range(n.type.rank))
-    perm[n.attrs["dim0"]], perm[n.attrs["dim1"]] = perm[n.attrs["dim1"]], perm[n.attrs["dim0"]]
+    perm[a], perm[b] = perm[b], perm[a]
+    shape = list(x[0].ty.shape)
+    moved = shape[a:b + 1]
+    if sum(not (isinstance(d, tir.IntImm) and int(d) == 1) for d in moved) <= 1:
+        return _reshape(e, x[0], [shape[i] for i in perm])
     return relax.op.permute_dims(x[0], perm)
 
 
@@ -290,7 +311,7 @@ LOWERINGS: dict[Op, Callable[[_Entry, Node, list], relax.Expr]] = {
     Op.DIV_SCALAR: lambda e, n, x: relax.op.divide(x[0], _scalar(n.attrs["value"])),
     Op.SILU: lambda e, n, x: relax.op.nn.silu(x[0]),
     Op.CAST: lambda e, n, x: relax.op.astype(x[0], _act_dtype(n.type.dtype)),
-    Op.RESHAPE: lambda e, n, x: relax.op.reshape(x[0], [e.dim(d) for d in n.attrs["shape"]]),
+    Op.RESHAPE: lambda e, n, x: _reshape(e, x[0], [e.dim(d) for d in n.attrs["shape"]]),
     Op.TRANSPOSE: _transpose,
     Op.CONCAT: lambda e, n, x: relax.op.concat(x, axis=int(n.attrs["dim"])),
     Op.SLICE: lambda e, n, x: relax.op.strided_slice(x[0], axes=[int(n.attrs["dim"])],

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.rpc.base import RPC_SESS_MASK
 
 from arkinfer.backend import check_token_ids
 from arkinfer.errors import ArkError
@@ -43,6 +44,13 @@ class TVMSession:
                        else tvm.runtime.tensor(np.ascontiguousarray(params[p]), device)
                        for p in signature.params]
         self.vocab_size = signature.vocab_size
+        # In this process the entries are called directly: one FFI call converts the arguments
+        # in C and returns the outputs as one array, where set_input converts each of the ~550
+        # arguments in Python and get_outputs fetches each output with two more calls (about
+        # 0.3 ms of a SmolLM2 decode step; benchmarks/tvm_decode_parts.py). Over RPC a remote
+        # tuple result is an opaque handle, so remote sessions keep the stateful calls.
+        remote = device.dlpack_device_type() >= RPC_SESS_MASK
+        self._entries = None if remote else {e: self.vm.module[e] for e in signature.entries}
         self.reset()
 
     def reset(self) -> None:
@@ -60,11 +68,12 @@ class TVMSession:
         tokens = tvm.runtime.tensor(np.asarray([ids], np.int64), self.device)
         positions = tvm.runtime.tensor(np.arange(self.length, self.length + len(ids),
                                                  dtype=np.int64), self.device)
-        # stateful call: its outputs are fetched one by one, which also works over TVM RPC (a
-        # remote tuple result is an opaque handle without len())
-        self.vm.set_input(entry, tokens, positions, *self.cache, *self.params)
-        self.vm.invoke_stateful(entry)
-        out = self.vm.get_outputs(entry)
+        if self._entries is not None:
+            out = self._entries[entry](tokens, positions, *self.cache, *self.params)
+        else:  # stateful call: its outputs are fetched one by one, which works over TVM RPC
+            self.vm.set_input(entry, tokens, positions, *self.cache, *self.params)
+            self.vm.invoke_stateful(entry)
+            out = self.vm.get_outputs(entry)
         self.cache = list(out[1:])
         self.length += len(ids)
         return out[0].numpy()[0]

@@ -4,6 +4,8 @@ numpy for the int4 layout and kernel. One llvm compile per module (module-scoped
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,7 @@ from arkinfer import ir  # noqa: E402
 from arkinfer.backends.tvm import kernels_linear  # noqa: E402
 from arkinfer.backends.tvm.compile import build, device_target  # noqa: E402
 from arkinfer.backends.tvm.default_pipeline import schedule  # noqa: E402
+from arkinfer.backends.tvm.lower_relax import lower_program  # noqa: E402
 from arkinfer.backends.tvm.session import TVMSession  # noqa: E402
 from arkinfer.backends.tvm.weights import (  # noqa: E402
     dequantize_q4,
@@ -63,6 +66,39 @@ def test_prefill_and_decode_match_the_interpreter(demo_module):
     ref, cache = ir.step(program, "prefill", torch.tensor([[8, 9, 10]]),
                          torch.arange(len(PROMPT) + 3, len(PROMPT) + 6), cache)
     np.testing.assert_allclose(session.step([8, 9, 10]), ref[0].numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_direct_calls_equal_the_stateful_calls_rpc_uses(demo_module):
+    """A local session calls its entries directly; remote ones go through set_input /
+    invoke_stateful / get_outputs. Both give the same logits and the same grown cache."""
+    session, _ = demo_module
+    results = []
+    for entries in (session._entries, None):
+        session._entries = entries
+        session.reset()
+        results.append([session.step(PROMPT), session.step([11]), session.step([1234])])
+    for direct, stateful in zip(*results):
+        np.testing.assert_array_equal(direct, stateful)
+
+
+def test_decode_swaps_unit_dims_as_views_not_copies():
+    """Decode's [1, 1, H, D] <-> [1, H, 1, D] swaps keep the memory order: they lower to
+    reshapes (views) and no copy kernel remains in the decode step; prefill (T > 1) keeps
+    its permutes."""
+    src = resolve_model_path("demo")
+    program = ir.run_passes(ir.trace(str(src), dtype=torch.float32, dense=True), ("dce",))
+    params, _ = program_params(program, SourceWeights(src))
+    mod, _ = lower_program(program, params)
+    decode, prefill = mod["decode"].script(), mod["prefill"].script()
+    assert "R.permute_dims" not in decode and "R.reshape" in decode
+    assert "R.permute_dims" in prefill
+    # after fusion and relax's rewrite of lone reshapes into views, no kernel of the decode
+    # step copies for a reshape (a chain of reshapes would fuse into a copy kernel, hence a
+    # reshape of a reshape reshapes the first input)
+    fused = schedule(mod, tvm.target.Target("llvm"))
+    scheduled = relax.transform.RewriteDataflowReshape()(fused)["decode"].script()
+    kernels = re.findall(r"R\.call_tir\((\w+),", scheduled)
+    assert kernels and not [k for k in kernels if re.fullmatch(r"(fused_)?(reshape\d*_?)+", k)]
 
 
 def test_session_refuses_bad_tokens(demo_module):
