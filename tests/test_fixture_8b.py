@@ -7,6 +7,7 @@ import json
 import shutil
 from collections import namedtuple
 
+import numpy as np
 import pytest
 import torch
 
@@ -98,6 +99,23 @@ def test_reduced_fixture_opens_and_runs(tmp_path, shape):
         logits, _ = model(ids, torch.arange(ids.shape[1]), model.empty_cache())
     assert logits.shape == (1, ids.shape[1], 4096)
     assert torch.isfinite(logits).all() and logits.std() > 0.1
+
+
+@pytest.mark.parametrize("shape", ["minicpm4.1-8b", "llama-3-8b"])
+def test_the_planted_successor_is_a_clear_top_1(tmp_path, shape):
+    """next_token_rows: at every position the top-1 logit is the successor s(t) of the current
+    token, well clear of the rest (a trained model's peaked logits, not a random cloud)."""
+    folder = write_fixture(tmp_path / shape, shape, layers=2, config_overrides=SMALL)
+    ckpt = open_checkpoint(folder)
+    ids = ckpt.tokenizer.encode("A fixture's logits should have one clear winner per position.")
+    model = load_model(ckpt)
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([ids]), torch.arange(len(ids)), model.empty_cache())
+    successor = np.random.default_rng(0).permutation(SMALL["vocab_size"])
+    top2 = logits[0].topk(2, dim=-1)
+    assert top2.indices[:, 0].tolist() == [int(successor[t]) for t in ids]
+    gap = (top2.values[:, 0] - top2.values[:, 1]).median().item()
+    assert gap > 3.0, gap   # version 1 of the fixture: ~0.3
 
 
 def test_ensure_fixture_writes_once_and_leaves_nothing_half_written(tmp_path, monkeypatch):

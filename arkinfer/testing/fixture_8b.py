@@ -18,8 +18,8 @@ shard, as Hugging Face writes it), `config.json`, the demo model's tokenizer.jso
 tokenizer_config.json, chat_template.jinja and generation_config.json, and `fixture.json`
 (shape, layers, seed, total bytes), written last: a folder with it is complete.
 
-Initial values (`init_std`), chosen so the residual stream stays O(1) over 32 layers and the
-logits have a spread where top-1 is not decided by rounding noise:
+Initial values (`init_std`), chosen so the residual stream stays O(1) over 32 layers, plus one
+planted structure (`next_token_rows`) so the logits have a clear top-1, as a trained model's do:
 - norms: 1 + 0.02 N(0, 1).
 - q/k/v/gate/up: std 0.02 = HF's `initializer_range`. Their input is RMS-normalised, so each
   output has variance 4096 x 0.02^2 = 1.6: O(1) into softmax and SiLU.
@@ -27,14 +27,17 @@ logits have a spread where top-1 is not decided by rounding noise:
   scale_depth / sqrt(L) for MiniCPM). sqrt(2L) is GPT-2's / Megatron's scaled init: 2L updates
   of variance ~1/(2L) each sum to O(1). MiniCPM already multiplies each update by r, so dividing
   by r gives it the same update sizes as Llama (std 0.0101 for MiniCPM, 0.0025 for Llama).
-- embed_tokens: 0.02 for Llama; 1 / scale_emb for MiniCPM, so `embed x scale_emb` has RMS 1.
+- embed_tokens: RMS 1 where the model reads it (1 / scale_emb for MiniCPM, whose `embed x
+  scale_emb` is then RMS 1; 1 for Llama), so the current token's direction survives the 32
+  layers' updates in the last hidden state.
 - lm_head: 0.02 x logit divisor (hidden / dim_model_base = 16 for MiniCPM, 1 for Llama): logits
-  = lm_head(norm(h)) / divisor have std ~1.3 for both.
-Measured at full width and depth (seed 0, 16 tokens, bf16-rounded weights, fp32 compute, dense
-attention): the residual stream's RMS goes from 1.00 to 2.24 (MiniCPM) and from 0.02 to 1.91
-(Llama) over the 32 layers, growing smoothly; the logits' std is 1.28 for both, and the top-1 /
-top-2 logit gap has a median of ~0.3 (a few tokens below 0.01, as random logits over a large
-vocabulary will).
+  = lm_head(norm(h)) / divisor have std ~1.3; plus, for every token t, the unit vector of t's
+  embedding row added to the row of a successor token s(t) (a seeded permutation), scaled so
+  that successor's logit rises by about NEXT_TOKEN_GAIN = 10 over the others: a bigram model on
+  top of random layers. Without it (version 1 of the fixture) the logits were a Gaussian cloud
+  over 73,448 tokens, the top-1 / top-2 gap had a median of ~0.3, and 4-bit rounding or
+  llama.cpp's 8-bit activations flipped the argmax on 7 % of verify's steps on the same weights
+  (BENCHMARKS.md, "MiniCPM4.1-8B at full size").
 
 What does not match a real checkpoint: the weights are random (no trained structure, no outlier
 channels or massive activations, so quantisation error statistics differ); the tokenizer is the
@@ -106,6 +109,9 @@ DEMO_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
 STAMP = "fixture.json"
 DTYPE = "bf16"
 BASE_STD = 0.02
+NEXT_TOKEN_GAIN = 10.0  # logits the planted successor token rises by (next_token_rows)
+SURVIVING = 0.5         # the embedding's share of the last hidden state's norm at 32 layers
+VERSION = 2             # of the weights' recipe, in fixture.json: 1 had no next_token_rows
 # Room for config/tokenizer files and safetensors headers on top of the tensor bytes.
 DISK_MARGIN = 64 * 2**20
 
@@ -168,7 +174,7 @@ def init_std(name: str, config: Any) -> tuple[float, float]:
     if name.endswith("norm.weight"):
         return 1.0, BASE_STD
     if name == "model.embed_tokens.weight":
-        return 0.0, 1.0 / config.embedding_scale if config.embedding_scale != 1.0 else BASE_STD
+        return 0.0, 1.0 / config.embedding_scale
     if name == "lm_head.weight":
         return 0.0, BASE_STD * config.logit_divisor
     if name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -186,6 +192,21 @@ def random_tensor(spec: TensorSpec, config: Any, seed: int, index: int) -> np.nd
     return data.numpy()
 
 
+def next_token_rows(lm_head: np.ndarray, embed: np.ndarray, config: Any, seed: int) -> None:
+    """Plant the successor structure in `lm_head` [V, hidden] in place (module docstring):
+    lm_head[s(t)] += beta * embed[t] / |embed[t]|, s a permutation of the vocabulary seeded by
+    `seed`. beta = NEXT_TOKEN_GAIN x divisor / (sqrt(hidden) x SURVIVING), where
+    sqrt(hidden) x SURVIVING is the expected projection of norm(h_last) on the current token's
+    unit embedding (SURVIVING: the part of the last hidden state's norm the embedding still is
+    after the layers' updates, ~0.5 at 32 layers: RMS 1 against ~2)."""
+    successor = np.random.default_rng(seed).permutation(lm_head.shape[0])
+    beta = NEXT_TOKEN_GAIN * config.logit_divisor / (math.sqrt(lm_head.shape[1]) * SURVIVING)
+    for start in range(0, lm_head.shape[0], 8192):   # 8192 rows at a time: bounded memory
+        rows = embed[start:start + 8192]
+        unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+        lm_head[successor[start:start + 8192]] += np.float32(beta) * unit
+
+
 def check_disk(folder: Path, needed: int) -> None:
     """Raise DiskSpaceError when the file system of `folder` has less than `needed` bytes free."""
     check_free_disk(folder, needed, f"writing the fixture into {folder}",
@@ -200,7 +221,8 @@ def write_fixture(folder: Path, shape: Shape, *, layers: int | None = None, seed
 
     One tensor is in memory at a time: its float32 values, the float32 copy and bf16 result of
     `shard_writer.to_storage` (5.3 GB for Llama-3's lm_head, the largest; 3.0 GB for MiniCPM's;
-    measured peak RSS of a --layers 1 run: 5.4 GB / 3.2 GB, which the full depth does not raise).
+    measured peak RSS of a --layers 1 run: 5.4 GB / 3.2 GB, which the full depth does not raise),
+    and while the lm_head is made, the embedding's float32 values too (2.1 GB / 1.2 GB more).
     The free disk is checked first; fixture.json is written last."""
     raw = shape_config(shape, layers, config_overrides)
     specs = tensor_specs(raw)
@@ -213,11 +235,17 @@ def write_fixture(folder: Path, shape: Shape, *, layers: int | None = None, seed
     shards_done_after = {spec.name: i + 1 if spec is shard[-1] else i
                          for i, shard in enumerate(shards) for spec in shard}
     index = {spec.name: i for i, spec in enumerate(specs)}
+    by_name = {spec.name: spec for spec in specs}
     config = models.parse_config(raw)
     start, done = time.perf_counter(), {"tensors": 0, "bytes": 0}
 
     def produce(spec: TensorSpec) -> np.ndarray:
-        return random_tensor(spec, config, seed, index[spec.name])
+        data = random_tensor(spec, config, seed, index[spec.name])
+        if spec.name == "lm_head.weight":   # untied shapes only: both tensors exist
+            embed = random_tensor(by_name["model.embed_tokens.weight"], config, seed,
+                                  index["model.embed_tokens.weight"])
+            next_token_rows(data, embed, config, seed)
+        return data
 
     def on_tensor(spec: TensorSpec) -> None:
         done["tensors"] += 1
@@ -230,7 +258,8 @@ def write_fixture(folder: Path, shape: Shape, *, layers: int | None = None, seed
     (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
     for name in DEMO_FILES:
         shutil.copyfile(_demo_folder() / name, folder / name)
-    stamp = {"shape": shape, "layers": layers, "seed": seed, "total_bytes": total,
+    stamp = {"version": VERSION, "shape": shape, "layers": layers, "seed": seed,
+             "total_bytes": total,
              "config_overrides": json.loads(json.dumps(config_overrides or {}))}
     (folder / STAMP).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
     return folder
@@ -265,11 +294,11 @@ def ensure_fixture(shape: Shape, *, layers: int | None = None, root: Path | None
                    progress: Callable[[Progress], None] | None = None,
                    config_overrides: dict[str, Any] | None = None) -> Path:
     """The cached fixture folder (`fixture_path`), written first when its stamp is missing or
-    differs (shape, layers, seed, total bytes, overrides). It is written into a temporary sibling
+    differs (recipe version, shape, layers, seed, total bytes, overrides). It is written into a temporary sibling
     folder and renamed, so a killed run leaves no folder that looks complete."""
     folder = fixture_path(shape, layers, root)
     overrides = json.loads(json.dumps(config_overrides or {}))
-    want = {"shape": shape, "layers": layers, "seed": seed,
+    want = {"version": VERSION, "shape": shape, "layers": layers, "seed": seed,
             "total_bytes": fixture_bytes(shape, layers, overrides), "config_overrides": overrides}
     if read_stamp(folder) == want:
         return folder
