@@ -15,6 +15,7 @@ mlx-lm's save_model), so peak memory is one shard, not the model.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ def _ops(raw: dict[str, Any], quantization: dict[str, Any] | None) -> dict[str, 
 
 def lower(request: LowerRequest) -> LowerResult:
     """Write the artifact into `request.out_dir` (see the module docstring)."""
-    from .tensors import plan_tensors
+    from .tensors import mx_rtn, plan_tensors
 
     folder = open_checkpoint(request.model_dir, with_tokenizer=False)
     same = Path(request.source_dir).resolve() == Path(request.model_dir).resolve()
@@ -136,5 +137,16 @@ def lower(request: LowerRequest) -> LowerResult:
         toolchain["mlx-lm"] = version("mlx-lm")
     layers = {p.name.removesuffix(".weight"): p.storage for p in plans
               if p.kind == "quantised" or p.name.removesuffix(".weight") in kept}
+    quant = None
+    if mx_rtn(recipe, request.options) and same:   # quantised here, from the float source
+        quant = {"bits_per_weight": _linear_bits(quantised, source),
+                 "quantised_by": f"mx.quantize (mlx {toolchain['mlx']})"}
     return LowerResult(files=files, ops=_ops(raw, quantization), toolchain=toolchain,
-                       notes=notes, layers=layers)
+                       notes=notes, layers=layers, quant=quant)
+
+
+def _linear_bits(quantised: list[TensorPlan], source: Any) -> float:
+    """Bits per weight of the quantised linears as written (codes, scales and biases);
+    `source`: the float checkpoint they were rounded from."""
+    elements = sum(math.prod(source.weights.shape(p.name)) for p in quantised)
+    return round(8 * sum(p.nbytes for p in quantised) / max(elements, 1), 4)

@@ -61,6 +61,13 @@ class MLXBackend(BackendBase):
         """shard_mb at plan time (rtn and scales are checked as declared choices)."""
         shard_bytes(options)
 
+    def quantizes_in_lower(self, recipe: Any, options: dict[str, str]) -> bool:
+        """RTN in the mlx format with rtn=mlx (mlx4, mlx8 by default): `mx.quantize` rounds the
+        float source in lower, the bytes `mlx_lm.convert -q` writes; no quantised folder."""
+        from .tensors import mx_rtn
+
+        return mx_rtn(recipe, options)
+
     def lower(self, request: LowerRequest) -> LowerResult:
         from .artifact import lower
 

@@ -86,6 +86,15 @@ def _option(options: dict[str, str], key: str, allowed, default: str) -> str:
     return value
 
 
+def mx_rtn(recipe: Any, options: dict[str, str]) -> bool:
+    """True when `mx.quantize` rounds the linears from the float source in lower: an RTN recipe
+    in the mlx format with rtn=mlx (the default, mlx4 / mlx8). The build then writes no
+    quantised folder (`Backend.quantizes_in_lower`): ArkInfer's own RTN of every linear would
+    only be thrown away (an 8B model: ~2 hours of scale search on a 2-core CPU)."""
+    return (recipe is not None and recipe.calib == "rtn" and recipe.format == "mlx"
+            and _option(options, "rtn", RTN_OPTIONS, "mlx") == "mlx")
+
+
 def plan_tensors(folder: Checkpoint, source: Checkpoint, recipe: Any, dtype: str,
                  float_dtype: str, options: dict[str, str]) -> tuple[list[TensorPlan], dict]:
     """Every artifact tensor with its producer, and the config's "quantization" dict (None for a
@@ -95,6 +104,9 @@ def plan_tensors(folder: Checkpoint, source: Checkpoint, recipe: Any, dtype: str
 
     qcfg = folder.raw_config.get("quantization_config")
     fmt_name, params = format_of(qcfg) if isinstance(qcfg, dict) else (None, {})
+    in_lower = fmt_name is None and mx_rtn(recipe, options)   # `folder` is the float source
+    if in_lower:
+        fmt_name, params = "mlx", {"bits": recipe.bits, "group_size": recipe.group_size}
     rtn = _option(options, "rtn", RTN_OPTIONS, "mlx")
     scales = SCALE_OPTIONS[_option(options, "scales", SCALE_OPTIONS, "f32")]
     expected, linears = model_layout(folder.raw_config)
@@ -109,7 +121,8 @@ def plan_tensors(folder: Checkpoint, source: Checkpoint, recipe: Any, dtype: str
     for name, shape in expected.items():
         owner = name.removesuffix(".weight")
         is_linear = name.endswith(".weight") and owner in linears and len(shape) == 2
-        packed = is_linear and fmt_name is not None and f"{owner}.scales" in folder.weights
+        packed = is_linear and fmt_name is not None and (
+            not recipe.skips(owner) if in_lower else f"{owner}.scales" in folder.weights)
         if not packed:
             if is_linear and quantization is not None:
                 quantization[owner] = False  # kept in float: mlx-lm must not quantise it

@@ -133,6 +133,23 @@ def test_mlx4_layout(demo) -> None:
     assert result.toolchain["mlx"] == "0.32.4"
 
 
+def test_mlx4_from_the_float_source_is_the_folder_path_byte_for_byte(demo, tmp_path) -> None:
+    """mlx4 / mlx8 with rtn=mlx: build skips its quantise stage (`quantizes_in_lower`) and lower
+    rounds the float source with mx.quantize; the artifact's bytes are those of the path through
+    ArkInfer's quantised folder, whose codes it never used."""
+    mlx4 = get_preset("mlx4")
+    assert BACKEND.quantizes_in_lower(mlx4, {}) and BACKEND.quantizes_in_lower(get_preset("mlx8"), {})
+    assert not BACKEND.quantizes_in_lower(mlx4, {"rtn": "folder"})
+    assert not BACKEND.quantizes_in_lower(QuantRecipe("gptq", "mlx", 4, 64, sym=False), {})
+    result = lower(demo["src"], tmp_path / "a", mlx4, "f32")   # model_dir = the float source
+    folder_path = demo["mlx4-result"]
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == \
+        (demo["mlx4"] / "model.safetensors").read_bytes()
+    assert result.layers == folder_path.layers and folder_path.quant is None
+    # 4-bit codes + an fp16 scale and bias per 64 weights
+    assert result.quant["bits_per_weight"] == 4.5 and "mx.quantize" in result.quant["quantised_by"]
+
+
 @pytest.mark.parametrize("kind", ["f16", "mlx4"])
 def test_mlx_lm_runs_demo_like_the_reference(demo, kind: str) -> None:
     """Unmodified mlx-lm (its own minicpm model: scale_emb, scale_depth, dim_model_base,
