@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from arkinfer.quant import QuantError, QuantRecipe
+from arkinfer.quant import rtn
 from arkinfer.quant.rtn import find_params, quantize_rtn
 
 
@@ -92,3 +93,18 @@ def test_quantize_cli_takes_the_grid_and_records_it(tmp_path):
     assert "ggml-grid" in summary["recipe"]
     bad = CliRunner().invoke(app, ["quantize", "demo", "--grid", "fine", "-o", str(tmp_path / "r")])
     assert bad.exit_code == 2 and "fine" in bad.output
+
+
+@pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "importance"])
+def test_the_scale_search_in_row_chunks_is_the_search_in_one_piece(monkeypatch, sym, weighted):
+    """The mse grid searches SEARCH_ROWS groups at a time (faster: its temporaries stay in
+    cache); every group's search is independent, so codes, scales and zeros are the same bits."""
+    w = torch.randn(700, 256, generator=torch.Generator().manual_seed(3)) * 0.02
+    importance = torch.rand(256, generator=torch.Generator().manual_seed(4)) if weighted else None
+    monkeypatch.setattr(rtn, "SEARCH_ROWS", 10**9)
+    whole = rtn.quantize_rtn(w, 4, 32, sym, grid="mse", importance=importance)
+    monkeypatch.setattr(rtn, "SEARCH_ROWS", 1000)   # 700 x 8 = 5600 groups: 6 chunks
+    chunked = rtn.quantize_rtn(w, 4, 32, sym, grid="mse", importance=importance)
+    for field in ("codes", "scales", "zeros"):
+        assert torch.equal(getattr(whole, field), getattr(chunked, field)), field
