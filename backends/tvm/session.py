@@ -46,9 +46,9 @@ class TVMSession:
         self.vocab_size = signature.vocab_size
         # In this process the entries are called directly: one FFI call converts the arguments
         # in C and returns the outputs as one array, where set_input converts each of the ~550
-        # arguments in Python and get_outputs fetches each output with two more calls (about
-        # 0.3 ms of a SmolLM2 decode step; benchmarks/tvm_decode_parts.py). Over RPC a remote
-        # tuple result is an opaque handle, so remote sessions keep the stateful calls.
+        # arguments in Python and get_outputs fetches each output with two more calls (a
+        # SmolLM2 decode step 10.6 against 11.3 ms; benchmarks/tvm_decode_parts.py). Over RPC a
+        # remote tuple result is an opaque handle, so remote sessions keep the stateful calls.
         remote = device.dlpack_device_type() >= RPC_SESS_MASK
         self._entries = None if remote else {e: self.vm.module[e] for e in signature.entries}
         self.reset()
