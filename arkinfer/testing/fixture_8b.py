@@ -294,8 +294,8 @@ def ensure_fixture(shape: Shape, *, layers: int | None = None, root: Path | None
                    progress: Callable[[Progress], None] | None = None,
                    config_overrides: dict[str, Any] | None = None) -> Path:
     """The cached fixture folder (`fixture_path`), written first when its stamp is missing or
-    differs (recipe version, shape, layers, seed, total bytes, overrides). It is written into a temporary sibling
-    folder and renamed, so a killed run leaves no folder that looks complete."""
+    differs (recipe version, shape, layers, seed, total bytes, overrides). It is written into a
+    temporary sibling folder and renamed, so a killed run leaves no folder that looks complete."""
     folder = fixture_path(shape, layers, root)
     overrides = json.loads(json.dumps(config_overrides or {}))
     want = {"version": VERSION, "shape": shape, "layers": layers, "seed": seed,

@@ -104,10 +104,10 @@ def plan_tensors(folder: Checkpoint, source: Checkpoint, recipe: Any, dtype: str
 
     qcfg = folder.raw_config.get("quantization_config")
     fmt_name, params = format_of(qcfg) if isinstance(qcfg, dict) else (None, {})
-    in_lower = fmt_name is None and mx_rtn(recipe, options)   # `folder` is the float source
+    rounds_source = mx_rtn(recipe, options)            # mx.quantize of the float source
+    in_lower = fmt_name is None and rounds_source      # `folder` is the float source itself
     if in_lower:
         fmt_name, params = "mlx", {"bits": recipe.bits, "group_size": recipe.group_size}
-    rtn = _option(options, "rtn", RTN_OPTIONS, "mlx")
     scales = SCALE_OPTIONS[_option(options, "scales", SCALE_OPTIONS, "f32")]
     expected, linears = model_layout(folder.raw_config)
     keep = float_dtype if recipe is not None else dtype
@@ -138,7 +138,7 @@ def plan_tensors(folder: Checkpoint, source: Checkpoint, recipe: Any, dtype: str
             return {k: folder.weights.get(f"{o}.{k}").numpy() for k in ks}
 
         stored = "float16"
-        if fmt_name == "mlx" and recipe.calib == "rtn" and rtn == "mlx":
+        if fmt_name == "mlx" and rounds_source:
             storage = f"mlx affine {bits}-bit g{group} (mx.quantize, fp16 scales/biases)"
 
             def produce(n=name, o=owner, b=bits, g=group):
