@@ -37,7 +37,6 @@ from pathlib import Path
 
 import torch
 from machine import machine_info
-from quant_quality import eval_ids, ppl_of
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "quant_speed.json"
@@ -48,6 +47,23 @@ ROWS = {
     "gptq": ("gptq", "gptq", 4, 32, True, True, "gptq-g32-act"),
     "awq": ("awq", "awq", 4, 64, False, False, "awq"),
 }
+
+
+EVAL_TEXT = ROOT / "arkinfer" / "data" / "corpus_eval.txt"
+
+
+def eval_ids(tokenizer) -> list[int]:
+    """Token ids of the evaluation text the perplexities before the speed-up were taken on."""
+    return tokenizer.encode(EVAL_TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
+
+
+def ppl_of(model, ids: list[int], ctx: int) -> dict:
+    """Perplexity of `model` on `ids` in windows of `ctx` (arkinfer.generate.perplexity)."""
+    from arkinfer.generate import model_logits_fn, perplexity
+
+    t = time.perf_counter()
+    r = perplexity(model_logits_fn(model), ids, ctx)
+    return {**r.as_dict(), "eval_seconds": round(time.perf_counter() - t, 1)}
 
 
 class _StopAfter(Exception):
@@ -100,11 +116,12 @@ class Phases:
 
 
 def instrument(phases: Phases) -> None:
-    from arkinfer.models.llama import Attention
     from arkinfer.quant.calib import awq, base, gptq, stream
     from arkinfer.quant.calib.block import BlockRunner
     from arkinfer.quant.calib.hessian import HessianAccumulator
     from arkinfer.quant.calib.sequential import SequentialForward
+
+    from arkinfer.models.llama import Attention
 
     def linear_flops(x, w, *_a, **_k):
         return 2.0 * x.numel() / x.shape[-1] * w.shape[0] * w.shape[1]
@@ -214,8 +231,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=RESULTS)
     args = ap.parse_args()
 
-    from arkinfer.frontend.checkpoint import open_checkpoint
     from arkinfer.quant.calib_data import load_calibration
+
+    from arkinfer.frontend.checkpoint import open_checkpoint
     from arkinfer.testing.smollm2 import smollm2_hf_dir
 
     ckpt = open_checkpoint(smollm2_hf_dir())

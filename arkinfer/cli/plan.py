@@ -42,6 +42,7 @@ EXAMPLES = [
     ("arkinfer plan demo --target host --quant q4_0 --speculative --acceptance 0.8 --draft-k 6 "
      "--draft-layers 2"),
     "arkinfer plan minicpm4.1-8b --target jetson-orin --quant marlin --speculative --draft-vocab 32768",
+    "arkinfer plan ./MiniCPM4.1-8B --target jetson-orin --quant marlin --samples 8 --seq-len 256",
 ]
 
 
@@ -135,6 +136,33 @@ def _print_rows(plan: Plan) -> None:
                          for r in plan.rows) else ""), markup=False)
 
 
+def _print_build(build: dict, samples: int, seq_len: int) -> None:
+    """The build's own cost on this machine (arkinfer.pipeline.build_cost)."""
+    c = build["calibration"]
+    rows = []
+    if c["predicted"]:
+        ph = c["seconds_by_phase"]
+        parts = c["peak_parts"]
+        rows += [
+            ("calibration", (f"{samples} x {seq_len} tokens, {c['blocks']} blocks: "
+                             f"{sum(c['flops'].values()) / 1e12:.3g} TFLOP, ~{_secs(c['seconds'])} "
+                             f"here (fp32 matmul {c['matmul_flop_s'] / 1e9:.3g} GFLOP/s, measured "
+                             f"by `arkinfer doctor`): forward {_secs(ph['forward'])}, Hessians "
+                             f"{_secs(ph['hessian'])}, GPTQ {_secs(ph['solve'])}, SNR reports "
+                             f"{_secs(ph['report'])}")),
+            ("calibration memory", (f"~{_gb(c['peak_bytes'])} peak: block weights "
+                                    f"{_gb(parts['block_weights'])}, activations "
+                                    f"{_gb(parts['activations'])}, largest GPTQ solve "
+                                    f"{_gb(parts['largest_solve'])}, process "
+                                    f"{_gb(parts['process'])}")),
+        ]
+    else:
+        rows.append(("calibration", c["why"]))
+    rows.append(("disk", (f"up to {_gb(build['disk_bytes'])} (artifact, quantised folder, "
+                          "calibration work files)")))
+    print_kv("building it on this machine (predicted)", rows)
+
+
 def speculative_rows(plan: Plan, acceptance: float, k: int, layers: int | None,
                      draft_vocab: int | None = None) -> list[SpeculativePrediction]:
     """lookup, self:N (N = `layers`, default a quarter of the target's layers), an EAGLE-3 head
@@ -195,19 +223,28 @@ def command(
     draft_vocab: Annotated[int | None, typer.Option(
         "--draft-vocab", min=1, help="Add a row for an EAGLE-3 head with FR-Spec's K most "
         "frequent tokens (e.g. 32768 of MiniCPM4.1's 73,448).")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Calibration sequences the "
+                                         "build would use (build's default).")] = 128,
+    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Tokens per calibration "
+                                         "sequence (build's default).")] = 512,
 ) -> None:
     """Memory fit and predicted latency of MODEL on TARGET with QUANT."""
     spec = (acceptance, draft_k, draft_layers, draft_vocab) if speculative else None
-    run(model, target, quant, backend, context, json_out, spec)
+    run(model, target, quant, backend, context, json_out, spec, (samples, seq_len))
 
 
 @handle_errors
 def run(model: str, target: str, quant: str, backend: str | None, context: list[int] | None,
         json_out: bool,
-        speculative: tuple[float | None, int, int | None, int | None] | None = None) -> None:
+        speculative: tuple[float | None, int, int | None, int | None] | None = None,
+        calib: tuple[int, int] = (128, 512)) -> None:
     """`speculative`: (acceptance or None for the assumed default, k, self:N layers or None,
-    FR-Spec's draft vocabulary or None)."""
+    FR-Spec's draft vocabulary or None); `calib`: (samples, seq_len) of the build's
+    calibration, for its predicted cost."""
+    from arkinfer.pipeline.build_cost import predict_build
+
     plan = make_plan(model, target, quant, backend, tuple(context or CONTEXTS))
+    build = predict_build(plan.source.raw_config, plan.cost.recipe or plan.quant, *calib)
     refusal = plan.refusal()
     spec_rows: list[SpeculativePrediction] = []
     if speculative is not None:
@@ -220,12 +257,14 @@ def run(model: str, target: str, quant: str, backend: str | None, context: list[
             out["speculative"] = {"ctx": min(plan.contexts),
                                   "acceptance_assumed": speculative[0] is None,
                                   "predictions": [r.as_dict() for r in spec_rows]}
+        out["build"] = {"samples": calib[0], "seq_len": calib[1], **build}
         print_json(out)
     else:
         _print_header(plan)
         _print_rows(plan)
         if spec_rows:
             _print_speculative(spec_rows, min(plan.contexts), speculative[0] is None)
+        _print_build(build, *calib)
         print_table(f"ops on {plan.backend}", ["op", "implementation"],
                     [list(r) for r in plan.ops()])
         for note in plan.notes:

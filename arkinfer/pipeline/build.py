@@ -37,6 +37,12 @@ from arkinfer.output_folder import (
 from arkinfer.targets.machine import machine_info
 
 from . import manifest as mf
+from .build_cost import (
+    calibration_cost,
+    check_calibration_memory,
+    cost_line,
+    measure_stage,
+)
 from .draft_artifact import DRAFT_DIR, artifact_draft, write_draft
 from .plan import BuildPlan, check_artifact_output
 from .verify import VerifyError, backend_fidelity, float_reference, verify_runner
@@ -155,9 +161,11 @@ def _run_stages(plan: BuildPlan, staging: Path, work: Path, rep: Reporter,
         quant_record, model_dir = _quantised_in_lower(plan), plan.source
     else:
         quant_record, model_dir = _quantise(plan, ckpt, work, rep)
+    cost = quant_record.get("calibration_cost")
     done("quantise", "float weights, nothing to do" if plan.recipe is None else
          f"done by {plan.backend}'s lower" if in_lower else
-         f"{plan.recipe.describe()}, {quant_record.get('bits_per_weight') or '-'} bits/weight")
+         f"{plan.recipe.describe()}, {quant_record.get('bits_per_weight') or '-'} bits/weight"
+         + (f"; {cost_line(cost)}" if cost else ""))
     # ---------------------------------------------------------------- lower
     timed("lower")
     request = LowerRequest(model_dir=model_dir, source_dir=plan.source, recipe=plan.recipe,
@@ -273,9 +281,15 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
         static = plan.recipe.calib in ("gptq", "pgptq") and not plan.recipe.desc_act
         options = {"act_order": True, "static_groups": True,
                    "static_passes": static_passes_for(plan.recipe.format)} if static else None
-        run = calibrate(ckpt, plan.recipe, data, work / "calib", options=options,
-                        progress=rep.blocks, device=c.device)
+        cost = calibration_cost(plan.raw_config, plan.recipe, c.device, data.samples,
+                                data.seq_len)
+        check_calibration_memory(cost)
+        with measure_stage() as measured:
+            run = calibrate(ckpt, plan.recipe, data, work / "calib", options=options,
+                            progress=rep.blocks, device=c.device)
+        cost["measured"] = measured
     else:  # RTN / ternary: tensor by tensor from the weights, no activations
+        cost = None
         run = quantize_weight_only(ckpt, plan.recipe, work / "calib", progress=rep.blocks)
     folder = export_folder(run, work / "quantised")
     summary = json.loads((folder / SUMMARY_NAME).read_text(encoding="utf-8"))
@@ -290,7 +304,7 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
             "calibration_sha256": summary["calibration_sha256"],
             "calibration_device": summary.get("calibration_device"),
             "bits_per_weight": summary["bits_per_weight"], "layers": layers,
-            "float_layers": summary["float_linears"]}, folder
+            "float_layers": summary["float_linears"], "calibration_cost": cost}, folder
 
 
 def _quantised_in_lower(plan: BuildPlan) -> dict[str, Any]:

@@ -35,6 +35,13 @@ LINEARS: tuple[str, ...] = tuple(n for g in SEQUENTIAL_GROUPS for n in g)
 
 InputHook = Callable[[Tensor, slice], None]  # (x [b, T, in], the batch's rows of inputs)
 
+BATCH_TOKENS = 4096  # calibration tokens per block forward unless a batch is given
+
+
+def default_batch(seq_len: int) -> int:
+    """Sequences per forward of `seq_len` tokens when the caller gives no batch (~BATCH_TOKENS)."""
+    return max(1, BATCH_TOKENS // seq_len)
+
 
 class StopForward(Exception):
     """Raised from a pre-hook to end a forward once the wanted input has been seen; the

@@ -33,7 +33,7 @@ from arkinfer.frontend.checkpoint import Checkpoint
 
 from ..calib_data import CalibData
 from ..imatrix import Imatrix, ImatrixEntry, gguf_weight_name
-from .block import LINEARS, BlockRunner, InputHook
+from .block import LINEARS, BlockRunner, InputHook, default_batch
 from .stream import ProgressFn, load_block, open_float_source, release_maps
 
 
@@ -80,7 +80,7 @@ def collect_imatrix(source: str | Path | Checkpoint, calib: CalibData, *,
     ckpt, model = open_float_source(source)
     cfg = ckpt.config
     seq_len = calib.seq_len
-    batch = batch or max(1, 4096 // seq_len)
+    batch = batch or default_batch(seq_len)
     emb = ckpt.weights.get("model.embed_tokens.weight")
     x = nn.functional.embedding(calib.ids, emb).float() * cfg.embedding_scale
     del emb

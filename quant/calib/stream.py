@@ -56,7 +56,7 @@ from ..calib_data import CalibData
 from ..recipe import QuantRecipe
 from ..weight import Kind, QuantError, QuantizedWeight
 from .base import CalibContext, block_snr_db, context_for, hessian_snr_db, trim_heap
-from .block import LINEARS, BlockRunner
+from .block import LINEARS, BlockRunner, default_batch
 from .device import describe, exact_float32, peak_bytes, reset_peak, resolve_device
 from .hessian import CrossAccumulator, HessianAccumulator
 from .registry import config_as_dict, config_for, handler_for
@@ -289,7 +289,7 @@ def _calibrate(source: str | Path | Checkpoint, recipe: QuantRecipe, calib: Cali
     n_layers = cfg.num_hidden_layers
     ctx = context_for(recipe, _skip_set(recipe, n_layers), strict)
     seq_len = calib.seq_len
-    batch = batch or max(1, 4096 // seq_len)
+    batch = batch or default_batch(seq_len)
     key = _run_key(ckpt, recipe, config_as_dict(config), calib, batch, dev)
     carry_float = bool(getattr(config, "asymmetric", False))  # GPTQ asymmetric: both paths
     start, x, x_float = _start_point(work_dir, key, resume, n_layers)

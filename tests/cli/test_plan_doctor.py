@@ -117,3 +117,40 @@ def test_doctor_measures_once_then_host_plans(app, host_cache):
     assert 1 / p["decode_tok_s"] == pytest.approx(max(
         step["bytes"] / (0.9 * host["copy_bandwidth_bytes_s"]),
         step["flops"] / (0.5 * host["matmul_fp32_flop_s"])))
+
+
+def test_plan_predicts_the_builds_calibration_from_the_measured_matmul_rate(app, host_cache):
+    from arkinfer.quant.calib.cost import predict_calibration
+    from arkinfer.quant.recipe import get_preset
+
+    from arkinfer.targets.host import host_measurement
+
+    rate = host_measurement(measure_if_missing=True)["matmul_fp32_flop_s"]
+    code, out, err = invoke(app, "plan", "minicpm4.1-8b", "-t", "jetson-orin", "-q", "marlin",
+                            "--samples", "8", "--seq-len", "256", "--json")
+    assert code == 0, err
+    build = json.loads(out)["build"]
+    assert (build["samples"], build["seq_len"]) == (8, 256)
+    calib = build["calibration"]
+    import torch
+
+    want = predict_calibration(KNOWN_CONFIGS["minicpm4.1-8b"], get_preset("marlin"), 8, 256,
+                               rate, static_passes=2, threads=torch.get_num_threads())
+    assert calib["predicted"] is True and calib["blocks"] == 32
+    assert calib["seconds"] == want.seconds and calib["peak_bytes"] == want.peak_bytes
+    assert build["disk_bytes"] > 4e9  # two copies of ~5 GB of marlin weights at least
+    code, out, err = invoke(app, "plan", "minicpm4.1-8b", "-t", "jetson-orin", "-q", "marlin",
+                            "--samples", "8", "--seq-len", "256")
+    assert code == 0, err
+    assert "building it on this machine" in out and "32 blocks" in out
+
+
+def test_plan_says_what_it_cannot_predict_about_the_build(app, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARKINFER_CACHE", str(tmp_path))  # this machine not measured
+    code, out, err = invoke(app, "plan", "minicpm4.1-8b", "-t", "jetson-orin", "-q", "marlin",
+                            "--json")
+    assert code == 0, err
+    calib = json.loads(out)["build"]["calibration"]
+    assert calib["predicted"] is False and "arkinfer doctor" in calib["why"]
+    code, out, err = invoke(app, "plan", "minicpm4.1-8b", "-t", "rpi5", "-q", "q4_0", "--json")
+    assert json.loads(out)["build"]["calibration"]["why"].startswith("no calibration")

@@ -151,3 +151,22 @@ def test_ternary_builds_the_demo_model(tmp_path):
     assert not m["quant"]["float_layers"]
     assert any("using ternary instead" in n for n in m["backend"]["notes"])
     assert m["quant"]["bits_per_weight"] < 2.5
+
+
+def test_gptq_build_records_its_calibration_cost_beside_the_prediction(tmp_path):
+    """The manifest carries what `plan` predicted for the calibration and what it measured."""
+    res = runner.invoke(app, ["build", "--quant", "gptq", "--samples", "4", "--seq-len", "64",
+                              "-o", str(tmp_path / "g"), "--json"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "g" / "arkinfer.json").read_text())
+    jsonschema.validate(m, SCHEMA)
+    cost = m["quant"]["calibration_cost"]
+    predicted, measured = cost["predicted"], cost["measured"]
+    assert predicted["seconds"] > 0 and predicted["peak_bytes"] > 2**20
+    assert predicted["flops"]["forward"] > 0 and predicted["matmul_flop_s"] > 1e8
+    assert measured["seconds"] > 0
+    if Path("/proc/self/clear_refs").exists():
+        assert measured["peak_rss_bytes"] > 2**20
+    res = runner.invoke(app, ["build", "--quant", "q4_0", "-o", str(tmp_path / "r"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["quant"].get("calibration_cost") is None  # no calibration

@@ -1,0 +1,166 @@
+"""What a GPTQ calibration will cost before it runs: FLOPs, seconds on this machine, peak memory.
+
+    cost = predict_calibration(config, recipe, samples=8, seq_len=256,
+                               matmul_flop_s=host["matmul_fp32_flop_s"])
+    cost.seconds, cost.peak_bytes, cost.as_dict()
+
+The model follows what `stream.calibrate` does for a Llama / MiniCPM decoder (GPTQ and P-GPTQ,
+true-sequential, `sequential.SequentialForward`), block by block, with N = samples, T = seq_len,
+H = hidden, I = FFN width, Hq / Hk query / KV heads of D:
+
+- forward: the block's linears on the N·T calibration tokens plus the float reference on the
+  batches holding the first REPORT_SEQUENCES sequences (2·tokens·params), causal attention
+  (2·Hq·T²·D per sequence), and gate / up again when their output would pass
+  `sequential.KEEP_BYTES`;
+- hessian: `Σ x xᵀ` for each distinct linear input (H for q/k/v and gate/up, Hq·D for o, I for
+  down): 2·tokens·in² FLOPs each;
+- solve: `gptq_quantize` for the stacked q/k/v, o, the stacked gate/up and down: per pass the lazy
+  updates (out·in² FLOPs), the column loop (`in` columns of about `out`-wide vector work each)
+  and, once, the inverse Cholesky factor (in³); static groups with two passes (the checkpoint
+  layouts) run the column loop twice;
+- report: each linear's output SNR from its Hessian (`base.hessian_snr_db`: two out x in x in
+  products, 4·out·in² FLOPs).
+
+Seconds are those FLOPs over the machine's measured fp32 matmul rate (`arkinfer doctor`) times a
+phase efficiency, plus the column loop's per-column and per-element times, the constants in
+`CPU_COSTS` measured by `benchmarks/calib_cost_fit.py` on shapes that are none of the models it
+is checked on (benchmarks/calib_predict.py: the 1.2B and 8B fixtures). Below
+`gptq.THREADED_COLUMNS` the solve runs on one thread, so its matmul rate is the machine's over its
+threads.
+
+Peak memory: the process's own (`BASE_BYTES`: Python, torch, ArkInfer) plus the largest moment of
+one block: its float32 weights, the calibration activations kept between stages, and the
+largest linear's solve (its float64 Hessian sum, the float32 Hessian, its permuted copy and the
+Cholesky factors, the weight's working copies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .block import default_batch
+from .gptq import THREADED_COLUMNS
+from .sequential import KEEP_BYTES, REPORT_SEQUENCES
+
+
+@dataclass(frozen=True)
+class CpuCosts:
+    """Efficiencies (fractions of the fp32 matmul rate) and column-loop times; see the module
+    docstring and benchmarks/calib_cost_fit.py."""
+
+    forward: float          # block forward FLOPs / (matmul rate x forward seconds)
+    hessian: float          # Σ x xᵀ FLOPs (full product) / (rate x seconds)
+    update: float           # GPTQ lazy updates (out·in² per pass) / (rate x seconds)
+    cholesky: float         # inverse Cholesky factor (in³) / (rate x seconds)
+    report: float           # the per-linear SNR reports (4·out·in²) / (rate x seconds)
+    column_s: float         # seconds per column per pass (Python and the tiny ops)
+    column_elem_s: float    # seconds per column per pass per output row
+    block_overhead_s: float  # per block: reading it, writing its codes and the next inputs
+
+
+#: Measured by benchmarks/calib_cost_fit.py (results: calib_cost_fit_zen3.json).
+CPU_COSTS = CpuCosts(forward=0.63, hessian=1.177, update=1.055, cholesky=0.355, report=0.894,
+                     column_s=9.25e-05, column_elem_s=1.53e-07, block_overhead_s=0.38)
+#: Resident set of a process that has imported torch and ArkInfer's calibration (measured by
+#: benchmarks/calib_cost_fit.py on Linux x86-64, torch 2.13 CPU).
+BASE_BYTES = 223 * 2**20
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One `gptq_quantize` call: [out, in] (q/k/v and gate/up are stacked)."""
+
+    name: str
+    out: int
+    inp: int
+
+
+@dataclass(frozen=True)
+class CalibrationCost:
+    """Predicted cost of a whole calibration (`blocks` decoder blocks alike)."""
+
+    blocks: int
+    tokens: int
+    flops: dict[str, float]        # per phase (forward, hessian, solve), whole model
+    seconds_by_phase: dict[str, float]
+    seconds: float
+    peak_bytes: int
+    peak_parts: dict[str, int]     # what the peak is made of
+    matmul_flop_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def block_linears(cfg: dict[str, Any]) -> list[Linear]:
+    """The solves of one decoder block of a Llama / MiniCPM `config.json` (dict)."""
+    h = cfg["hidden_size"]
+    hq = cfg["num_attention_heads"]
+    hk = cfg.get("num_key_value_heads") or hq
+    d = cfg.get("head_dim") or h // hq
+    i = cfg["intermediate_size"]
+    return [Linear("qkv", (hq + 2 * hk) * d, h), Linear("o", h, hq * d),
+            Linear("gate_up", 2 * i, h), Linear("down", h, i)]
+
+
+def _passes(recipe: Any, static_passes: int) -> int:
+    return max(1, static_passes) if not getattr(recipe, "desc_act", False) else 1
+
+
+def predict_calibration(cfg: dict[str, Any], recipe: Any, samples: int, seq_len: int,
+                        matmul_flop_s: float, *, threads: int = 2, static_passes: int = 2,
+                        costs: CpuCosts = CPU_COSTS,
+                        process_bytes: int | None = None) -> CalibrationCost:
+    """Predicted FLOPs, seconds and peak resident bytes of calibrating `cfg` (a config.json
+    dict) with GPTQ `recipe` on `samples` x `seq_len` tokens, on a CPU whose fp32 matmul rate
+    with `threads` threads is `matmul_flop_s`. `static_passes`: GPTQ passes over static groups
+    (`recipe.static_passes_for(format)` in a build). `process_bytes`: the calibrating process's
+    resident set before it starts (a build has loaded more than a fresh process; default
+    BASE_BYTES)."""
+    n, t = samples, seq_len
+    tokens = n * t
+    batch = default_batch(t)  # the float reference covers whole batches
+    ref_seqs = min(n, batch * -(-REPORT_SEQUENCES // batch))
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    hq = cfg["num_attention_heads"]
+    d = cfg.get("head_dim") or h // hq
+    layers = cfg["num_hidden_layers"]
+    linears = block_linears(cfg)
+    params = sum(lin.out * lin.inp for lin in linears)
+    passes = _passes(recipe, static_passes)
+
+    keep_d = tokens * i * 4 <= KEEP_BYTES
+    fwd = 2.0 * (tokens + ref_seqs * t) * params + 2.0 * hq * t * t * d * (n + ref_seqs)
+    if not keep_d:
+        fwd += 2.0 * tokens * 2 * i * h
+    hess = 2.0 * tokens * (2 * h * h + (hq * d) ** 2 + i * i)
+    update = sum(lin.out * lin.inp ** 2 for lin in linears) * passes
+    chol = sum(float(lin.inp) ** 3 for lin in linears)
+    report = 4.0 * sum(lin.out * lin.inp ** 2 for lin in linears)
+
+    def rate(cols: int) -> float:  # small solves run on one thread (gptq.single_thread)
+        return matmul_flop_s if cols >= THREADED_COLUMNS else matmul_flop_s / max(threads, 1)
+
+    solve_s = sum(lin.out * lin.inp ** 2 * passes / (costs.update * rate(lin.inp))
+                  + float(lin.inp) ** 3 / (costs.cholesky * rate(lin.inp))
+                  + lin.inp * passes * (costs.column_s + costs.column_elem_s * lin.out)
+                  for lin in linears)
+    per_block = {"forward": fwd / (costs.forward * matmul_flop_s),
+                 "hessian": hess / (costs.hessian * matmul_flop_s),
+                 "solve": solve_s, "report": report / (costs.report * matmul_flop_s),
+                 "overhead": costs.block_overhead_s}
+    seconds_by_phase = {k: round(v * layers, 1) for k, v in per_block.items()}
+    flops = {"forward": fwd * layers, "hessian": hess * layers,
+             "solve": (update + chol) * layers,  # as the efficiencies count them
+             "report": report * layers}
+
+    act = tokens * 4
+    activations = act * (2 * h + hq * d + h + (i if keep_d else 0)) + ref_seqs * t * h * 4
+    big = max(linears, key=lambda lin: lin.inp)
+    solve_bytes = big.inp ** 2 * (8 + 4 * 4) + big.out * big.inp * 4 * (2 + (passes > 1))
+    parts = {"process": BASE_BYTES if process_bytes is None else process_bytes, "block_weights": params * 4, "activations": activations,
+             "largest_solve": solve_bytes}
+    return CalibrationCost(layers, tokens, flops, seconds_by_phase,
+                           round(sum(per_block.values()) * layers, 1), sum(parts.values()), parts,
+                           matmul_flop_s)
