@@ -17,9 +17,9 @@ Cases (random weights, seeded random calibration ids; the recipe and options `ar
 nothing else running, timing every block and every phase (quant_speed.py's instrumentation)
 and reading the process's peak resident set (VmHWM); results go to
 benchmarks/results/calib_predict_<machine>.json (`--json`). Without `--measure` the script reads
-that file, computes `arkinfer.quant.calib.cost.predict_calibration` for each case with this
-machine's measured matmul rate (`arkinfer doctor`'s, cached) and writes both side by side with
-their ratio (target: within +-30 %).
+that file, computes `arkinfer.quant.calib.cost.predict_calibration` for each case with the
+matmul rate `arkinfer doctor` had cached when the calibrations ran (recorded in the file) and
+writes both side by side with their ratio (target: within +-30 %).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -53,19 +54,13 @@ def case_model(case: str) -> Path:
     return ensure_fixture("minicpm4.1-8b", layers=2)
 
 
-def vm_hwm() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/self/status has no VmHWM (not Linux?)")
-
-
 def child(case: str, model: Path, work: Path) -> None:
     """In a fresh subprocess: the calibration `build --quant marlin` runs; one JSON line."""
     import torch
     from arkinfer.quant.calib.stream import calibrate
     from arkinfer.quant.calib_data import calibration_from_ids
     from arkinfer.quant.recipe import get_preset, static_passes_for
+    from quant_memory import vm_hwm
     from quant_speed import Phases, instrument
 
     shape = CASES[case]
@@ -98,13 +93,15 @@ def child(case: str, model: Path, work: Path) -> None:
 
 
 def measure(cases: list[str], out: Path) -> None:
+    from arkinfer.targets.host import host_measurement
+
     results = json.loads(out.read_text()) if out.is_file() else {"cases": {}}
     for case in cases:
         t = time.perf_counter()
         model = case_model(case)
         print(f"{case}: checkpoint ready in {time.perf_counter() - t:.0f} s", flush=True)
         work = Path("/tmp/arkinfer-calib-predict") / case
-        subprocess.run(["rm", "-rf", str(work)], check=True)
+        shutil.rmtree(work, ignore_errors=True)
         cmd = [sys.executable, __file__, "--child", case, str(model), str(work)]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
         measured = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -112,6 +109,8 @@ def measure(cases: list[str], out: Path) -> None:
         results["cases"][case] = {"model": str(model), "config": config, **CASES[case],
                                   "measured": measured}
         results["machine"] = machine_info()
+        results["host_matmul_fp32_flop_s"] = host_measurement(
+            measure_if_missing=True)["matmul_fp32_flop_s"]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2) + "\n")
         print(json.dumps(measured), flush=True)
@@ -123,11 +122,13 @@ def compare(out: Path) -> None:
 
     from arkinfer.targets.host import host_measurement
 
-    host = host_measurement(measure_if_missing=True)
     results = json.loads(out.read_text())
+    # the rate cached when the calibrations ran (a later `doctor --remeasure` moves the cache)
+    rate = results.get("host_matmul_fp32_flop_s") or \
+        host_measurement(measure_if_missing=True)["matmul_fp32_flop_s"]
     for case, r in results["cases"].items():
         p = predict_calibration(r["config"], get_preset("marlin"), r["samples"], r["seq_len"],
-                                host["matmul_fp32_flop_s"], threads=r["measured"]["threads"])
+                                rate, threads=r["measured"]["threads"])
         m = r["measured"]
         r["predicted"] = p.as_dict()
         r["ratio"] = {"seconds": round(p.seconds / m["calibration_seconds"], 3),
@@ -136,7 +137,7 @@ def compare(out: Path) -> None:
               f"{m['calibration_seconds']:.0f} s ({r['ratio']['seconds']:.2f}x); peak memory "
               f"predicted {p.peak_bytes / 2**30:.2f} GiB, measured "
               f"{m['peak_rss_bytes'] / 2**30:.2f} GiB ({r['ratio']['peak_rss']:.2f}x)")
-    results["host_matmul_fp32_flop_s"] = host["matmul_fp32_flop_s"]
+    results["host_matmul_fp32_flop_s"] = rate
     out.write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -43,6 +43,12 @@ def default_batch(seq_len: int) -> int:
     return max(1, BATCH_TOKENS // seq_len)
 
 
+def reference_rows(n_seq: int, total: int, batch: int) -> int:
+    """Sequences `take_reference(n_seq)` records out of `total` run `batch` at a time: n_seq
+    (at least 1) rounded up to whole batches, at most `total`."""
+    return min(total, batch * -(-max(1, n_seq) // batch))
+
+
 class StopForward(Exception):
     """Raised from a pre-hook to end a forward once the wanted input has been seen; the
     caller that ran the forward catches it (here and in sequential.py)."""
@@ -148,8 +154,9 @@ class BlockRunner:
         [n, T, H] (n = n_seq rounded up to whole batches, at most N) as `reference`."""
         if not self.pristine:
             raise RuntimeError("the float reference must be taken before any weight changes")
+        rows = reference_rows(n_seq, self.inputs.shape[0], self.batch)
         outs = [self.layer(self.inputs[b0:b1], self.positions, self.rope, self.cache(b1 - b0))[0]
-                for b0, b1 in self.batches() if b0 < max(1, n_seq)]
+                for b0, b1 in self.batches() if b0 < rows]
         self.reference = torch.cat(outs)
         return self.reference
 

@@ -11,7 +11,7 @@ H = hidden, I = FFN width, Hq / Hk query / KV heads of D:
 - forward: the block's linears on the N·T calibration tokens plus the float reference on the
   batches holding the first REPORT_SEQUENCES sequences (2·tokens·params), causal attention
   (2·Hq·T²·D per sequence), and gate / up again when their output would pass
-  `sequential.KEEP_BYTES`;
+  `sequential.KEEP_BYTES` (`mlp_input_kept`);
 - hessian: `Σ x xᵀ` for each distinct linear input (H for q/k/v and gate/up, Hq·D for o, I for
   down): 2·tokens·in² FLOPs each;
 - solve: `gptq_quantize` for the stacked q/k/v, o, the stacked gate/up and down: per pass the lazy
@@ -39,9 +39,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .block import default_batch
+from .block import default_batch, reference_rows
 from .gptq import THREADED_COLUMNS
-from .sequential import KEEP_BYTES, REPORT_SEQUENCES
+from .sequential import REPORT_SEQUENCES, mlp_input_kept
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,7 @@ def predict_calibration(cfg: dict[str, Any], recipe: Any, samples: int, seq_len:
     BASE_BYTES)."""
     n, t = samples, seq_len
     tokens = n * t
-    batch = default_batch(t)  # the float reference covers whole batches
-    ref_seqs = min(n, batch * -(-REPORT_SEQUENCES // batch))
+    ref_seqs = reference_rows(REPORT_SEQUENCES, n, default_batch(t))
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
     hq = cfg["num_attention_heads"]
     d = cfg.get("head_dim") or h // hq
@@ -130,7 +129,7 @@ def predict_calibration(cfg: dict[str, Any], recipe: Any, samples: int, seq_len:
     params = sum(lin.out * lin.inp for lin in linears)
     passes = _passes(recipe, static_passes)
 
-    keep_d = tokens * i * 4 <= KEEP_BYTES
+    keep_d = mlp_input_kept(tokens, i)
     fwd = 2.0 * (tokens + ref_seqs * t) * params + 2.0 * hq * t * t * d * (n + ref_seqs)
     if not keep_d:
         fwd += 2.0 * tokens * 2 * i * h

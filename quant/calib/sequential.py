@@ -41,6 +41,12 @@ KEEP_BYTES = 1 << 30
 REPORT_SEQUENCES = 8
 
 
+def mlp_input_kept(tokens: int, intermediate: int, keep_bytes: int = KEEP_BYTES) -> bool:
+    """Whether down_proj's float32 input `d` [tokens, intermediate] is kept between stages
+    (else `output()` recomputes it from `h1`)."""
+    return tokens * intermediate * 4 <= keep_bytes
+
+
 def supports(runner: BlockRunner) -> bool:
     """True when the block is a plain DecoderLayer (the stage split above is its forward)."""
     return isinstance(runner.layer, DecoderLayer) and \
@@ -158,7 +164,7 @@ class SequentialForward:
     def _mlp_in_fits(self) -> bool:
         r = self.runner
         n, t, _ = r.inputs.shape
-        return n * t * r.linear("mlp.down_proj").in_features * 4 <= self.keep_bytes
+        return mlp_input_kept(n * t, r.linear("mlp.down_proj").in_features, self.keep_bytes)
 
     def _keep(self, attr: str, j: int, value: Tensor) -> None:
         kept = getattr(self, attr)
