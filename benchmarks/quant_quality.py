@@ -90,6 +90,10 @@ ROWS = {
                       dict(calib="rtn", format="gguf-iq4_nl", group_size=32, grid="mse")),
     "gptq-iq4_nl": Row("GPTQ IQ4_NL act-order, searched scales (preset gptq-iq4_nl)",
                        dict(calib="gptq", format="gguf-iq4_nl", group_size=32, grid="mse"), ACT),
+    "gptq-iq4_nl-self": Row("GPTQ IQ4_NL act-order calibrated on the built-in corpus and text "
+                            "the model sampled itself (--calib builtin+self)",
+                            dict(calib="gptq", format="gguf-iq4_nl", group_size=32, grid="mse"),
+                            ACT, calib="builtin+self"),
     "gptq-iq4_nl-asym": Row("GPTQ IQ4_NL, asymmetric (aimed at the float model's outputs from its "
                             "own inputs)",
                             dict(calib="gptq", format="gguf-iq4_nl", group_size=32, grid="mse"),
@@ -108,6 +112,10 @@ ROWS = {
                         "(Kronecker-factored Fisher, GPTQ's errors), <= 4.9 bits (preset gptq-mix)",
                         dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
                              skip=(), budget=4.9), ACT),
+    "gptq-mix-4.9-self": Row("the same calibrated on the built-in corpus and text the model "
+                             "sampled itself (--calib builtin+self)",
+                             dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
+                                  skip=(), budget=4.9), ACT, calib="builtin+self"),
     "gptq-mix-4.9-q1": Row("the same with Q4_1 and Q5_1 (asymmetric blocks, 5.0 and 6.0 bits) "
                            "among the formats",
                            dict(calib="gptq", format="gguf-q4_0", group_size=32, grid="mse",
@@ -267,7 +275,8 @@ def quantised_folder(name: str, row: Row, hf: Path, samples: int, seq_len: int) 
     else:
         eos = ckpt.config.eos_token_id
         data = load_calibration(ckpt.tokenizer, row.calib, samples, seq_len, 0,
-                                eos if isinstance(eos, int) else None)
+                                eos if isinstance(eos, int) else None, checkpoint=ckpt,
+                                progress=lambda line: print(f"   {name}: {line}", flush=True))
         from arkinfer.quant import mix
 
         floor, mix.FLOOR = mix.FLOOR, mix.FLOOR if row.floor is None else row.floor

@@ -48,6 +48,7 @@ BUILTIN = {  # domain -> file; the order is the order windows are dealt in
 }
 NAMED = {"builtin": BUILTIN, "prose": {"prose": PROSE_TEXT}}
 SELF = "self"  # --calib self: sampled from the model itself (quant/calib_self.py)
+BUILTIN_SELF = "builtin+self"  # the built-in corpus's domains, then the self-sampled ones
 SUFFIXES = (".txt", ".jsonl", ".ndjson")
 JSONL = (".jsonl", ".ndjson")
 #: A --calib file holds far more text than calibration uses (--samples x --seq-len tokens,
@@ -80,8 +81,10 @@ class Domain:
 
 
 def is_self(calib: str | Path | None) -> bool:
-    """True for `--calib self` (text the model writes, `quant.calib_self`); a path wins."""
-    return calib is not None and str(calib) == SELF and not Path(calib).exists()
+    """True for `--calib self` and `--calib builtin+self` (text the model writes,
+    `quant.calib_self`, alone or after the built-in corpus); a path wins."""
+    return (calib is not None and str(calib) in (SELF, BUILTIN_SELF)
+            and not Path(calib).exists())
 
 
 def calibration_domains(calib: str | Path | None) -> list[Domain]:

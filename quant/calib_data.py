@@ -36,12 +36,30 @@ import torch
 
 from arkinfer.text_pieces import tokenize_pieces
 
-from .calib_corpus import (CALIB_MAX_BYTES, NAMED, PROSE_TEXT, Domain, calibration_domains,
-                           chat_renderer, is_self, read_texts)
+from .calib_corpus import (
+    CALIB_MAX_BYTES,
+    NAMED,
+    PROSE_TEXT,
+    SELF,
+    Domain,
+    calibration_domains,
+    chat_renderer,
+    is_self,
+    read_texts,
+)
 from .weight import QuantError
 
-__all__ = ["CALIB_MAX_BYTES", "CalibData", "PROSE_TEXT", "calibration_from_ids", "calibration_of",
-           "check_calibration_size", "load_calibration", "read_texts", "sample_windows"]
+__all__ = [
+    "CALIB_MAX_BYTES",
+    "PROSE_TEXT",
+    "CalibData",
+    "calibration_from_ids",
+    "calibration_of",
+    "check_calibration_size",
+    "load_calibration",
+    "read_texts",
+    "sample_windows",
+]
 
 
 class _Tokenizer(Protocol):
@@ -148,9 +166,16 @@ def load_calibration(tokenizer: _Tokenizer, path: str | Path | None = None, samp
                              "calibration no model", "use `arkinfer quantize MODEL --calib self`"
                              " (in code: load_calibration(..., checkpoint=open_checkpoint(MODEL)))"
                              ", or name a calibration file")
+        from .calib_self import DOMAINS as SELF_DOMAINS
         from .calib_self import self_domains
 
-        domains, generation = self_domains(checkpoint, samples, seq_len, seed, progress)
+        builtin = [] if str(path) == SELF else calibration_domains(None)
+        mixed = len(builtin) + len(SELF_DOMAINS)  # windows dealt over both, in turn
+        own = samples if not builtin else sum(len(range(i, samples, mixed))
+                                              for i in range(len(builtin), mixed))
+        sampled, generation = (self_domains(checkpoint, own, seq_len, seed, progress) if own
+                               else ([], None))
+        domains = builtin + sampled
     else:
         domains = calibration_domains(path)
     render = chat_renderer(tokenizer)

@@ -33,7 +33,8 @@ CalibOpt = Annotated[Path | None, typer.Option(
     "rendered through the chat template), a folder (one domain per file), 'prose' (the demo's "
     "English corpus alone) or 'self' (text the model samples itself at temperature 1 from chat, "
     "code, math and BOS seeds, cached per model and --seed in ~/.cache/arkinfer/calib-self; "
-    "slow on CPU: e.g. --calib self --samples 32 --seq-len 512). Default: the built-in corpus "
+    "slow on CPU: e.g. --calib self --samples 32 --seq-len 512), or 'builtin+self' (both, windows "
+    "dealt over all their domains). Default: the built-in corpus "
     "(prose, chat, code, technical, legal, math, Chinese, Spanish/German/Italian; "
     "arkinfer/data/calib/).")]
 DeviceOpt = Annotated[str, typer.Option(

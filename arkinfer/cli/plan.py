@@ -43,11 +43,18 @@ EXAMPLES = [
      "--draft-layers 2"),
     "arkinfer plan minicpm4.1-8b --target jetson-orin --quant marlin --speculative --draft-vocab 32768",
     "arkinfer plan ./MiniCPM4.1-8B --target jetson-orin --quant marlin --samples 8 --seq-len 256",
+    ("arkinfer plan ./MiniCPM4.1-8B --target jetson-orin --quant marlin --samples 128 "
+     "--seq-len 2048 --gpu h100"),
 ]
 
 
 def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def _tflop(flops: float) -> str:
+    t = flops / 1e12
+    return f"{t:,.0f} TFLOP" if t >= 1000 else f"{t:.3g} TFLOP"
 
 
 def _ctx(n: int) -> str:
@@ -59,6 +66,8 @@ def _secs(s: float | None) -> str:
         return "-"
     if s < 1:
         return f"{s * 1000:.0f}ms"
+    if s >= 3 * 3600:
+        return f"{s / 3600:.1f}h"
     return f"{s:.3g}s" if s < 100 else f"{s:.0f}s" if s < 600 else f"{s / 60:.0f}min"
 
 
@@ -136,31 +145,43 @@ def _print_rows(plan: Plan) -> None:
                          for r in plan.rows) else ""), markup=False)
 
 
+def _calibration_rows(c: dict, samples: int, seq_len: int, where: str) -> list[tuple[str, str]]:
+    """The predicted calibration's time by phase and its peak memory (`where`: "here" or a
+    GPU)."""
+    ph, parts = c["seconds_by_phase"], c["peak_parts"]
+    gpu = c.get("gpu")
+    rate = (f"fp32 {c['matmul_flop_s'] / 1e12:.3g} TFLOP/s, vendor figure; efficiency fitted to "
+            "one H200 run" if gpu else
+            f"fp32 matmul {c['matmul_flop_s'] / 1e9:.3g} GFLOP/s, measured by `arkinfer doctor`")
+    peak = (f"~{_gb(c['peak_bytes'])} peak"
+            + (f" of the GPU's {_gb(c['gpu_memory_bytes'])}" if gpu else "")
+            + (f" (at {c['peak_stage']})" if gpu else "")
+            + f": block weights {_gb(parts['block_weights'])}, "
+            f"activations {_gb(parts['activations'])}, GPTQ solve {_gb(parts['solve'])}"
+            + ("" if gpu else f", process {_gb(parts['process'])}"))
+    if gpu and c["peak_bytes"] > c["gpu_memory_bytes"]:
+        peak += " — does not fit: lower --samples or --seq-len"
+    time = (f"{samples} x {seq_len} tokens, {c['blocks']} blocks: "
+            f"{_tflop(sum(c['flops'].values()))}, ~{_secs(c['seconds'])} {where} ({rate}): "
+            f"forward {_secs(ph['forward'])}, Hessians {_secs(ph['hessian'])}, GPTQ "
+            f"{_secs(ph['solve'])}, SNR reports {_secs(ph['report'])}")
+    return [(f"calibration{' on ' + gpu if gpu else ''}", time),
+            (f"calibration memory{' on ' + gpu if gpu else ''}", peak)]
+
+
 def _print_build(build: dict, samples: int, seq_len: int) -> None:
-    """The build's own cost on this machine (arkinfer.pipeline.build_cost)."""
-    c = build["calibration"]
+    """The build's own cost on this machine, and on a named GPU with --gpu
+    (arkinfer.pipeline.build_cost)."""
     rows = []
-    if c["predicted"]:
-        ph = c["seconds_by_phase"]
-        parts = c["peak_parts"]
-        rows += [
-            ("calibration", (f"{samples} x {seq_len} tokens, {c['blocks']} blocks: "
-                             f"{sum(c['flops'].values()) / 1e12:.3g} TFLOP, ~{_secs(c['seconds'])} "
-                             f"here (fp32 matmul {c['matmul_flop_s'] / 1e9:.3g} GFLOP/s, measured "
-                             f"by `arkinfer doctor`): forward {_secs(ph['forward'])}, Hessians "
-                             f"{_secs(ph['hessian'])}, GPTQ {_secs(ph['solve'])}, SNR reports "
-                             f"{_secs(ph['report'])}")),
-            ("calibration memory", (f"~{_gb(c['peak_bytes'])} peak: block weights "
-                                    f"{_gb(parts['block_weights'])}, activations "
-                                    f"{_gb(parts['activations'])}, largest GPTQ solve "
-                                    f"{_gb(parts['largest_solve'])}, process "
-                                    f"{_gb(parts['process'])}")),
-        ]
-    else:
-        rows.append(("calibration", c["why"]))
+    for key, where in (("calibration", "here"), ("calibration_gpu", "there")):
+        c = build.get(key)
+        if c is None:
+            continue
+        rows += (_calibration_rows(c, samples, seq_len, where) if c["predicted"]
+                 else [(key.replace("_", " on "), c["why"])])
     rows.append(("disk", (f"up to {_gb(build['disk_bytes'])} (artifact, quantised folder, "
                           "calibration work files)")))
-    print_kv("building it on this machine (predicted)", rows)
+    print_kv("building it (predicted)", rows)
 
 
 def speculative_rows(plan: Plan, acceptance: float, k: int, layers: int | None,
@@ -227,24 +248,28 @@ def command(
                                          "build would use (build's default).")] = 128,
     seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Tokens per calibration "
                                          "sequence (build's default).")] = 512,
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="Also predict the GPTQ calibration on this GPU (`build --device cuda`): "
+        "h200, h100, h100-pcie, a100, l40s, l4, rtx-4090, jetson-orin.")] = None,
 ) -> None:
     """Memory fit and predicted latency of MODEL on TARGET with QUANT."""
     spec = (acceptance, draft_k, draft_layers, draft_vocab) if speculative else None
-    run(model, target, quant, backend, context, json_out, spec, (samples, seq_len))
+    run(model, target, quant, backend, context, json_out, spec, (samples, seq_len), gpu)
 
 
 @handle_errors
 def run(model: str, target: str, quant: str, backend: str | None, context: list[int] | None,
         json_out: bool,
         speculative: tuple[float | None, int, int | None, int | None] | None = None,
-        calib: tuple[int, int] = (128, 512)) -> None:
+        calib: tuple[int, int] = (128, 512), gpu: str | None = None) -> None:
     """`speculative`: (acceptance or None for the assumed default, k, self:N layers or None,
     FR-Spec's draft vocabulary or None); `calib`: (samples, seq_len) of the build's
-    calibration, for its predicted cost."""
+    calibration, for its predicted cost; `gpu`: also predict that calibration on this GPU."""
     from arkinfer.pipeline.build_cost import predict_build
 
     plan = make_plan(model, target, quant, backend, tuple(context or CONTEXTS))
-    build = predict_build(plan.source.raw_config, plan.cost.recipe or plan.quant, *calib)
+    build = predict_build(plan.source.raw_config, plan.cost.recipe or plan.quant, *calib,
+                          gpu=gpu)
     refusal = plan.refusal()
     spec_rows: list[SpeculativePrediction] = []
     if speculative is not None:

@@ -287,6 +287,9 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
         with measure_stage() as measured:
             run = calibrate(ckpt, plan.recipe, data, work / "calib", options=options,
                             progress=rep.blocks, device=c.device)
+        gpu_peaks = [b["gpu_peak_bytes"] for b in run.blocks if b.get("gpu_peak_bytes")]
+        if gpu_peaks:  # on a GPU: the largest block's peak of allocated GPU memory
+            measured["peak_gpu_bytes"] = max(gpu_peaks)
         cost["measured"] = measured
     else:  # RTN / ternary: tensor by tensor from the weights, no activations
         cost = None

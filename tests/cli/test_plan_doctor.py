@@ -142,7 +142,31 @@ def test_plan_predicts_the_builds_calibration_from_the_measured_matmul_rate(app,
     code, out, err = invoke(app, "plan", "minicpm4.1-8b", "-t", "jetson-orin", "-q", "marlin",
                             "--samples", "8", "--seq-len", "256")
     assert code == 0, err
-    assert "building it on this machine" in out and "32 blocks" in out
+    assert "building it (predicted)" in out and "32 blocks" in out
+
+
+def test_plan_predicts_the_calibration_on_a_named_gpu(app, tmp_path, monkeypatch):
+    from arkinfer.quant.calib.cost import predict_calibration_on_gpu
+    from arkinfer.quant.calib.gpus import GPUS
+    from arkinfer.quant.recipe import get_preset
+
+    monkeypatch.setenv("ARKINFER_CACHE", str(tmp_path))  # the GPU needs no host measurement
+    code, out, err = invoke(app, "plan", "minicpm4.1-8b", "-t", "jetson-orin", "-q", "marlin",
+                            "--samples", "128", "--seq-len", "2048", "--gpu", "h100", "--json")
+    assert code == 0, err
+    gpu = json.loads(out)["build"]["calibration_gpu"]
+    want = predict_calibration_on_gpu(KNOWN_CONFIGS["minicpm4.1-8b"], get_preset("marlin"), 128,
+                                      2048, GPUS["h100"], static_passes=2)
+    assert gpu["predicted"] is True and gpu["gpu"] == "NVIDIA H100 SXM"
+    assert gpu["seconds"] == want.seconds and gpu["peak_bytes"] == want.peak_bytes
+    assert gpu["seconds"] < 15 * 60  # the target for one H100 at 128 x 2048
+    code, out, err = invoke(app, "plan", "minicpm4.1-8b", "-t", "jetson-orin", "-q", "marlin",
+                            "--gpu", "h100")
+    assert code == 0, err
+    assert "calibration on NVIDIA H100 SXM" in out and "of the GPU's 80.00 GB" in out
+    code, out, err = invoke(app, "plan", "minicpm4.1-8b", "-t", "jetson-orin", "-q", "marlin",
+                            "--gpu", "t4")
+    assert code != 0 and "'t4'" in out + err and "h100-pcie" in out + err
 
 
 def test_plan_says_what_it_cannot_predict_about_the_build(app, tmp_path, monkeypatch):

@@ -46,8 +46,9 @@ def test_measure_stage_sees_the_peak_of_its_body_only():
 
 
 def test_float_and_weight_only_builds_predict_no_calibration_but_disk():
-    from arkinfer.latency.source import KNOWN_CONFIGS
     from arkinfer.quant.recipe import get_preset
+
+    from arkinfer.latency.source import KNOWN_CONFIGS
 
     raw = KNOWN_CONFIGS["minicpm4.1-8b"]
     fp16 = predict_build(raw, "f16", 128, 512)
@@ -56,3 +57,27 @@ def test_float_and_weight_only_builds_predict_no_calibration_but_disk():
     assert q4["calibration"]["why"].startswith("no calibration") and q4["disk_bytes"] < 16e9
     awq = predict_build(raw, get_preset("awq"), 128, 512)
     assert awq["calibration"]["predicted"] is False and "awq" in awq["calibration"]["why"]
+
+
+def test_calibration_on_a_known_gpu_is_predicted_and_checked_against_its_free_memory(monkeypatch):
+    import torch
+    from arkinfer.quant.calib import device
+    from arkinfer.quant.recipe import get_preset
+
+    from arkinfer.latency.source import KNOWN_CONFIGS
+    from arkinfer.pipeline import build_cost
+
+    monkeypatch.setattr(device, "resolve_device", lambda _choice: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "NVIDIA H100 80GB HBM3")
+    cfg = KNOWN_CONFIGS["minicpm4.1-8b"]
+    cost = build_cost.calibration_cost(cfg, get_preset("marlin"), "cuda", 128, 2048)
+    p = cost["predicted"]
+    assert p["device"] == "cuda:0 (NVIDIA H100 80GB HBM3)" and 300 < p["seconds"] < 900
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_a: (80 * 10**9, 80 * 10**9))
+    check_calibration_memory(cost)  # fits
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_a: (4 * 2**30, 80 * 10**9))
+    with pytest.raises(CheckpointError, match=r"GPU memory.*4\.00 GiB free"):
+        check_calibration_memory(cost)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "Tesla T4")
+    cost = build_cost.calibration_cost(cfg, get_preset("marlin"), "cuda", 128, 2048)
+    assert cost["predicted"] is None and "Tesla T4" in cost["why"]

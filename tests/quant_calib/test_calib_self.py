@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 import torch
 import typer
+from arkinfer.quant import calib_self
+from arkinfer.quant.calib_corpus import calibration_domains
+from arkinfer.quant.calib_data import load_calibration
+from arkinfer.quant.weight import QuantError
 from typer.testing import CliRunner
 
 from arkinfer.cli import quantize
 from arkinfer.frontend.checkpoint import load_model, open_checkpoint
 from arkinfer.frontend.safetensors_io import weight_files
 from arkinfer.generate import sample_next
-from arkinfer.quant import calib_self
-from arkinfer.quant.calib_corpus import calibration_domains
-from arkinfer.quant.calib_data import load_calibration
-from arkinfer.quant.weight import QuantError
 
 DEMO = Path(__file__).resolve().parents[2] / "arkinfer" / "demo"
 EOS = 2
@@ -78,6 +78,23 @@ def test_deterministic_for_a_seed_and_a_prefix_of_larger_runs(ckpt, tmp_path, mo
     small, big = records(cache_file(tmp_path / "a")), records(cache_file(tmp_path / "big"))
     for r in small:
         assert r in big
+
+
+def test_builtin_and_self_deals_windows_over_both_and_reuses_the_self_cache(ckpt, cache):
+    """`--calib builtin+self`: the built-in corpus's domains, then the self-sampled ones, windows
+    dealt over all of them in turn; its self windows are the `self` run's own samples."""
+    builtin = calibration_domains(None)
+    d = len(builtin) + len(calib_self.DOMAINS)
+    mixed = load_calibration(ckpt.tokenizer, "builtin+self", d, 32, 0, EOS, checkpoint=ckpt)
+    names = [r["domain"] for r in mixed.settings["domains"]]
+    assert names == [b.name for b in builtin] + list(calib_self.DOMAINS)
+    assert mixed.samples == d and all(r["samples"] == 1 for r in mixed.settings["domains"])
+    assert mixed.settings["source"] == "builtin+self" and "generation" in mixed.settings
+    alone = calib(ckpt)  # 6 windows: one per self domain, from the same cache
+    own = {r["domain"]: r["sha256"] for r in alone.settings["domains"]}
+    assert {r["domain"]: r["sha256"] for r in mixed.settings["domains"][len(builtin):]} == own
+    plain = load_calibration(ckpt.tokenizer, None, d, 32, 0, EOS)
+    assert torch.equal(mixed.ids[:len(builtin)], plain.ids[:len(builtin)])
 
 
 def test_cache_is_reused_without_generating(ckpt, cache, monkeypatch):
@@ -310,10 +327,10 @@ def test_quantize_calib_self_end_to_end_records_the_mix(cache, tmp_path):
 
 def test_manifest_schema_takes_every_calibration_record(ckpt):
     import jsonschema
-
-    from arkinfer.pipeline.manifest import schema
     from arkinfer.quant.calib.weight_only import NO_CALIBRATION
     from arkinfer.quant.calib_data import calibration_from_ids
+
+    from arkinfer.pipeline.manifest import schema
 
     calibration = {"$schema": schema()["$schema"], "$defs": schema()["$defs"],
                    "$ref": "#/$defs/calibration"}
