@@ -342,6 +342,29 @@ def test_two_processes_measuring_the_host_at_once_both_succeed(tmp_path):
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     assert sorted(out.strip() for out, _ in results) == ["a", "b"]
-    assert json.loads((tmp_path / "host.json").read_text())["by"] in ("a", "b")
+    (cached,) = tmp_path.glob("host-*t.json")
+    assert json.loads(cached.read_text())["by"] in ("a", "b")
     # no temporary left behind (the measurement's lock file stays, as lock files do)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".host.json.lock", "host.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".host.lock", cached.name]
+
+
+def test_another_thread_count_keeps_its_own_host_record(tmp_path, monkeypatch):
+    """`OMP_NUM_THREADS=1 arkinfer ...` measures its own record and leaves the default's alone."""
+    import torch
+
+    from arkinfer.targets import host
+
+    monkeypatch.setenv("ARKINFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(host, "measure_host", lambda: {"version": host.VERSION, "cpu":
+                        host.cpu_model(), "threads": torch.get_num_threads()})
+    threads = torch.get_num_threads()
+    default = host.host_measurement()
+    try:
+        torch.set_num_threads(threads + 1)
+        other = host.host_measurement()
+    finally:
+        torch.set_num_threads(threads)
+    assert (default["threads"], other["threads"]) == (threads, threads + 1)
+    assert host.load_cached() == default
+    assert sorted(p.name for p in tmp_path.glob("host-*")) == sorted(
+        [f"host-{threads}t.json", f"host-{threads + 1}t.json"])

@@ -3,9 +3,10 @@
 
     host = host_target()            # Target 'host' with measured memory, bandwidth and compute
 
-Measurements (`measure_host`), cached in `<cache>/host.json` (cache: $ARKINFER_CACHE or
-~/.cache/arkinfer) with the date, CPU and thread count; a cache from another CPU or thread count
-is measured again:
+Measurements (`measure_host`), cached in `<cache>/host-<threads>t.json` (cache: $ARKINFER_CACHE
+or ~/.cache/arkinfer; one file per torch thread count, so a run with other threads neither uses
+nor replaces the default's record) with the date, CPU and thread count; a cache from another
+CPU is measured again:
 
 - copy bandwidth: `np.copyto` of a 256 MiB float32 array into another, best of 5, counting the
   bytes read plus the bytes written (STREAM "copy" convention), bytes/s;
@@ -27,7 +28,7 @@ from arkinfer.errors import ArkError
 from arkinfer.paths import read_json_object
 from arkinfer.targets.machine import cpu_model
 
-CACHE_NAME = "host.json"
+CACHE_NAME = "host"  # host-<threads>t.json, locked by .host.lock
 COPY_BYTES = 256 * 2**20
 COPY_REPEATS = 5
 MATMUL_N = 2048
@@ -38,7 +39,7 @@ VERSION = 1
 def cache_path() -> Path:
     from arkinfer.frontend.cache import cache_dir_path
 
-    return cache_dir_path() / CACHE_NAME
+    return cache_dir_path() / f"{CACHE_NAME}-{_threads()}t.json"
 
 
 def memory_bytes() -> int:
@@ -127,7 +128,7 @@ def host_measurement(measure_if_missing: bool = True,
                      remeasure: bool = False) -> dict[str, Any] | None:
     """The cached record, measured (and cached) now if missing or `remeasure`.
 
-    Measuring holds an exclusive lock on `<cache>/.host.json.lock`: two measurements at once
+    Measuring holds an exclusive lock on `<cache>/.host.lock`: two measurements at once
     would each time the other's load (two `doctor --remeasure` cached a halved bandwidth). A
     process that waited for the lock uses the record measured while it waited."""
     record = None if remeasure else load_cached()
