@@ -50,8 +50,8 @@ On a GPU (`predict_calibration_on_gpu`, `--device cuda`): the same FLOPs over th
 float32 rate (TF32 is off while calibrating; `gpus.GPUS`) times one efficiency, `GPU_COSTS`,
 fitted by benchmarks/calib_predict.py to the one GPU calibration measured (an H200, 8B blocks at
 128 x 2048 tokens, benchmarks/results/calib_cuda_h200.json); the column loop's per-column time
-is the CPU's (the same Python loop launching tiny kernels); peak GPU memory is the model above
-of the largest live moment (no process part: torch counts tensors only).
+is the CPU's (the same Python loop launching tiny kernels); peak GPU memory is the largest live
+moment above (no process part: torch counts tensors only).
 """
 
 from __future__ import annotations
@@ -141,14 +141,19 @@ def solve_bytes(lin: Linear, passes: int) -> int:
     return lin.inp ** 2 * (8 + 4 * 4) + lin.out * lin.inp * 4 * (2 + (passes > 1))
 
 
+def activation_widths(cfg: dict[str, Any], tokens: int) -> tuple[int, int, int]:
+    """Widths of a block's activations: (hidden: x, h1, y; attention's output c; the MLP input d
+    when it is kept between stages, else 0)."""
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    hq = cfg["num_attention_heads"]
+    return h, hq * (cfg.get("head_dim") or h // hq), i if mlp_input_kept(tokens, i) else 0
+
+
 def stage_bytes(cfg: dict[str, Any], tokens: int, passes: int,
                 reference_tokens: int) -> dict[str, tuple[int, int]]:
     """{moment of a block: (float32 activation bytes alive, solve bytes)} for the moments of the
     module docstring; `reference_tokens`: positions whose float outputs are kept for the SNR."""
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    hq = cfg["num_attention_heads"]
-    c = hq * (cfg.get("head_dim") or h // hq)
-    d = i if mlp_input_kept(tokens, i) else 0
+    h, c, d = activation_widths(cfg, tokens)
     qkv, o, gate_up, down = block_linears(cfg)
 
     def acts(width: int) -> int:
@@ -164,10 +169,7 @@ def stage_bytes(cfg: dict[str, Any], tokens: int, passes: int,
 def block_activation_bytes(cfg: dict[str, Any], tokens: int, reference_tokens: int) -> int:
     """Float32 bytes of every activation one block creates: x, c, h1, d (when kept), y and the
     float reference's outputs (the CPU's peak holds them all; module docstring)."""
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    hq = cfg["num_attention_heads"]
-    c = hq * (cfg.get("head_dim") or h // hq)
-    d = i if mlp_input_kept(tokens, i) else 0
+    h, c, d = activation_widths(cfg, tokens)
     return tokens * 4 * (3 * h + c + d) + reference_tokens * 4 * h
 
 
