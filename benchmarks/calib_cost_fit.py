@@ -17,7 +17,7 @@ Run alone on the machine (timings). It measures, with torch's default threads an
    SNR reports, and the per-block remainder (reading the block, writing codes and inputs);
 4. the resident set of a process that has imported torch and ArkInfer's calibration.
 
-It prints the `CpuCosts(...)` and `BASE_BYTES` to write into quant/calib/cost.py.
+It prints the `PhaseCosts(...)` and `BASE_BYTES` to write into quant/calib/cost.py.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def main() -> None:
               "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"CpuCosts(forward={block['forward']}, hessian={block['hessian']}, "
+    print(f"CPU_COSTS = PhaseCosts(forward={block['forward']}, hessian={block['hessian']}, "
           f"update={solve['update']}, cholesky={solve['cholesky']}, report={block['report']}, "
           f"column_s={solve['column_s']:.3g}, column_elem_s={solve['column_elem_s']:.3g}, "
           f"block_overhead_s={block['block_overhead_s']})")

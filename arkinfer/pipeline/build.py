@@ -283,7 +283,7 @@ def _quantise(plan: BuildPlan, ckpt, work: Path, rep: Reporter) -> tuple[dict[st
                    "static_passes": static_passes_for(plan.recipe.format)} if static else None
         cost = calibration_cost(plan.raw_config, plan.recipe, c.device, data.samples,
                                 data.seq_len)
-        check_calibration_memory(cost)
+        check_calibration_memory(cost, c.device)
         with measure_stage() as measured:
             run = calibrate(ckpt, plan.recipe, data, work / "calib", options=options,
                             progress=rep.blocks, device=c.device)

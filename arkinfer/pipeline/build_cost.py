@@ -6,7 +6,7 @@ it did cost, side by side in the manifest.
     predict_build(raw_config, recipe, 128, 2048, gpu="h100")["calibration_gpu"]  # on a named GPU
 
     cost = calibration_cost(raw_config, recipe, "auto", samples, seq_len)   # in build
-    check_calibration_memory(cost)         # refuses, with the numbers, what cannot fit
+    check_calibration_memory(cost, "auto")  # refuses, with the numbers, what cannot fit
     with measure_stage() as measured:      # seconds and this process's peak resident set
         calibrate(...)
     cost["measured"] = measured            # the manifest's quant.calibration_cost
@@ -134,17 +134,19 @@ def calibration_cost(raw_config: dict[str, Any], recipe: Any, device: str, sampl
                           "device": describe(dev)}}
 
 
-def check_calibration_memory(cost: dict[str, Any]) -> None:
-    """CheckpointError with the numbers when the predicted calibration cannot fit in memory (the
-    machine's available memory; on a GPU its free memory)."""
+def check_calibration_memory(cost: dict[str, Any], device: str = "cpu") -> None:
+    """CheckpointError with the numbers when the predicted calibration cannot fit in memory: the
+    machine's available memory, or the free memory of the GPU `device` resolves to."""
     p = cost.get("predicted")
     if p is None:
         return
-    from arkinfer.frontend.checkpoint import check_memory
+    from arkinfer.quant.calib.device import resolve_device
 
-    if str(p.get("device", "cpu")).startswith("cuda"):
-        _check_gpu_memory(p)
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        _check_gpu_memory(p, dev)
         return
+    from arkinfer.frontend.checkpoint import check_memory
 
     check_memory(int(MEMORY_LOWER_BOUND * p["peak_bytes"]),
                  f"calibration (predicted peak {p['peak_bytes'] / 2**30:.2f} GiB, at least "
@@ -153,13 +155,12 @@ def check_calibration_memory(cost: dict[str, Any]) -> None:
                       "or --device cuda")
 
 
-def _check_gpu_memory(p: dict[str, Any]) -> None:
+def _check_gpu_memory(p: dict[str, Any], dev: Any) -> None:
     import torch
 
     from arkinfer.errors import CheckpointError
 
-    index = int(str(p["device"]).split()[0].partition(":")[2] or 0)
-    free, _total = torch.cuda.mem_get_info(index)
+    free, _total = torch.cuda.mem_get_info(dev)
     need = int(MEMORY_LOWER_BOUND * p["peak_bytes"])
     if need > free:
         raise CheckpointError(

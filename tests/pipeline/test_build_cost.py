@@ -74,10 +74,10 @@ def test_calibration_on_a_known_gpu_is_predicted_and_checked_against_its_free_me
     p = cost["predicted"]
     assert p["device"] == "cuda:0 (NVIDIA H100 80GB HBM3)" and 300 < p["seconds"] < 900
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_a: (80 * 10**9, 80 * 10**9))
-    check_calibration_memory(cost)  # fits
+    check_calibration_memory(cost, "cuda")  # fits
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_a: (4 * 2**30, 80 * 10**9))
     with pytest.raises(CheckpointError, match=r"GPU memory.*4\.00 GiB free"):
-        check_calibration_memory(cost)
+        check_calibration_memory(cost, "cuda")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "Tesla T4")
     cost = build_cost.calibration_cost(cfg, get_preset("marlin"), "cuda", 128, 2048)
     assert cost["predicted"] is None and "Tesla T4" in cost["why"]
